@@ -1,0 +1,99 @@
+"""`SamplingParams`: one validated description of how a request is sampled and stopped.
+
+The same class is used by the HTTP API, the engine and the detokenizer. Disabled
+values follow vLLM: ``top_k`` 0 or -1, ``top_p`` 1, ``min_p`` 0, penalties 0
+(presence, frequency) or 1 (repetition).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LOGIT_BIAS_LIMIT = 100.0
+MAX_LOGPROBS = 20
+
+
+class TokenIdOutOfVocabError(ValueError):
+    """A token id in the parameters is outside ``[0, vocab_size)``."""
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(1, ge=1, le=128)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    typical_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_n_sigma: float = Field(-1.0, description="Keep logits within n standard deviations of the max; <= 0 disables.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    dry_multiplier: float = Field(0.0, ge=0.0)
+    dry_base: float = Field(1.75, ge=1.0)
+    dry_allowed_length: int = Field(2, ge=0)
+    dry_penalty_last_n: int = Field(-1, ge=-1, description="-1: the whole context; 0: disabled.")
+    dry_sequence_breakers: list[str] = Field(default_factory=lambda: ["\n", ":", '"', "*"])
+    xtc_threshold: float = Field(0.1, ge=0.0, le=1.0)
+    xtc_probability: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: int | None = Field(16, ge=1, description="None: until the context is full.")
+    min_tokens: int = Field(0, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else ([] if value is None else value)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_nonempty(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _clamp_logit_bias(cls, value: dict[int, float]) -> dict[int, float]:
+        return {t: max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, b)) for t, b in value.items()}
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _allowed_nonempty(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise ValueError("allowed_token_ids must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> SamplingParams:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise `TokenIdOutOfVocabError` naming the field if any token id is outside the vocabulary."""
+        fields: dict[str, list[int]] = {
+            "stop_token_ids": self.stop_token_ids,
+            "logit_bias": list(self.logit_bias),
+            "allowed_token_ids": self.allowed_token_ids or [],
+        }
+        for name, ids in fields.items():
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise TokenIdOutOfVocabError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
