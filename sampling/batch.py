@@ -15,7 +15,14 @@ class SamplingBatch:
     Rows are updated when requests join or leave, never rebuilt per step.
     """
 
-    def __init__(self, max_num_rows: int, vocab_size: int, max_model_len: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_num_rows: int,
+        vocab_size: int,
+        max_model_len: int,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.max_num_rows = max_num_rows
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len

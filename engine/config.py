@@ -1,0 +1,45 @@
+"""Configuration dataclasses: what the model is, and how the engine runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    rope_scaling: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How `EngineCore` runs a model.
+
+    ``max_num_seqs`` slots each hold up to ``max_model_len`` positions of KV cache;
+    a step schedules at most ``max_num_batched_tokens`` tokens (decodes first, then
+    prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
+    """
+
+    model: str = DEFAULT_MODEL
+    dtype: str | None = None
+    device: str | None = None
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+    seed: int = 0

@@ -1,0 +1,128 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) over a flat token batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.models.attention_metadata import AttentionMetadata
+from engine.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        meta: AttentionMetadata,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this batch's keys and values into the cache."""
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rope(q, k, meta.positions)
+        key_cache[meta.slots, :, meta.positions] = k
+        value_cache[meta.slots, :, meta.positions] = v
+        # Row num_tokens is scratch: padded queries read it and write their output there.
+        q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
+        out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
+        for group in meta.groups:
+            queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
+            keys = key_cache[group.slots, :, : group.kv_len]  # [B, KVH, L, D]
+            values = value_cache[group.slots, :, : group.kv_len]
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
+            out[group.token_index] = attended.transpose(1, 2)
+        return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward: flat token batch -> hidden states; compute_logits: hidden rows -> logits."""
+
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope = RotaryEmbedding(config, max_positions)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        key_caches: list[torch.Tensor],
+        value_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """input_ids: [T] -> final-normed hidden states [T, hidden]."""
+        hidden = self.embed_tokens(input_ids)
+        for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
+            hidden = hidden + layer.self_attn(layer.input_layernorm(hidden), self.rope, meta, key_cache, value_cache)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] (only the rows to sample) -> float32 logits [N, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named weights in; every parameter must be present and no name unknown."""
+        params = dict(self.named_parameters())
+        unknown = sorted(set(weights) - set(params) - {"lm_head.weight"})
+        missing = sorted(set(params) - set(weights))
+        if unknown or missing:
+            raise ValueError(f"checkpoint mismatch: missing {missing[:5]}, unexpected {unknown[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                if weights[name].shape != param.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(weights[name].shape)} != model {tuple(param.shape)}")
+                param.copy_(weights[name])

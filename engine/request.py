@@ -1,0 +1,67 @@
+"""A request as the engine tracks it, and what a step reports about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sampling.params import SamplingParams
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    num_computed_tokens: int = 0
+    """Tokens whose keys and values are in the cache."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[start:end] + self.output_token_ids[: max(end - num_prompt, 0)]
+
+
+@dataclass
+class EngineOutput:
+    """New tokens of one request from one step; ``finish_reason`` set on its last output.
+
+    stop_reason: the stop token id that ended it, None for EOS or when not stopped by a token.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None
+
+
+def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
+    """Whether the token just appended ends the request, and why."""
+    params = request.params
+    num_output = len(request.output_token_ids)
+    last = request.output_token_ids[-1]
+    if num_output >= params.min_tokens:
+        if not params.ignore_eos and last in eos_token_ids:
+            return FinishReason.STOP, None
+        if last in params.stop_token_ids:
+            return FinishReason.STOP, last
+    if params.max_tokens is not None and num_output >= params.max_tokens:
+        return FinishReason.LENGTH, None
+    if request.num_tokens >= max_model_len:
+        return FinishReason.LENGTH, None
+    return None
