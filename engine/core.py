@@ -6,7 +6,7 @@ import logging
 from collections import OrderedDict
 
 from engine.config import EngineConfig
-from engine.loader.checkpoint import load_checkpoint
+from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import ModelRunner
 from engine.request import EngineOutput, FinishReason, Request, check_stop
 from engine.scheduler import Scheduler
@@ -29,9 +29,10 @@ class EngineCore:
     finished or aborted request's slot is free before the next step is scheduled.
     """
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, checkpoint: Checkpoint | None = None) -> None:
+        """``checkpoint``, if given, is used instead of loading ``config.model`` (tests share one)."""
         self.config = config or EngineConfig()
-        checkpoint = load_checkpoint(self.config.model)
+        checkpoint = checkpoint or load_checkpoint(self.config.model)
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings)

@@ -23,7 +23,6 @@ class TextTokenizer:
     tokenizer: tokenizers.Tokenizer
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None = None
-    add_bos_token: bool = False
     chat_template: str | None = field(default=None, repr=False)
 
     @property
@@ -31,11 +30,11 @@ class TextTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; special tokens written in the text are recognised, BOS added if the model wants it."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
-            ids = [self.bos_token_id, *ids]
-        return ids
+        """Token ids of ``text``; special tokens written in the text are recognised.
+
+        ``add_special_tokens`` runs the tokenizer's post-processor (BOS where the model wants one).
+        """
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

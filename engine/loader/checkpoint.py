@@ -78,7 +78,6 @@ def gguf_text_tokenizer(meta: dict[str, object]) -> TextTokenizer:
         tokenizer=tokenizer_from_gguf(meta),
         eos_token_ids=() if eos is None else (int(eos),),  # type: ignore[arg-type]
         bos_token_id=None if bos is None else int(bos),  # type: ignore[arg-type]
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
         chat_template=meta.get("tokenizer.chat_template"),  # type: ignore[arg-type]
     )
 
@@ -109,7 +108,6 @@ def hf_text_tokenizer(folder: Path) -> TextTokenizer:
         tokenizer=tokenizer,
         eos_token_ids=eos_ids,
         bos_token_id=token_id(settings.get("bos_token")),
-        add_bos_token=bool(settings.get("add_bos_token", False)),
         chat_template=settings.get("chat_template"),
     )
 

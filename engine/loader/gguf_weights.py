@@ -125,7 +125,7 @@ def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], di
             continue
         if tensor.tensor_type not in SUPPORTED_TYPES:
             raise UnsupportedGGUFError(f"tensor {tensor.name} has unsupported type {tensor.tensor_type.name}")
-        array = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        array = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a writable copy of the mmap
         value = torch.from_numpy(array)
         if ".q_proj." in name:
             value = unpermute_rope_rows(value, config.num_heads)

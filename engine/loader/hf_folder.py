@@ -24,6 +24,8 @@ def config_from_hf(config: dict) -> ModelConfig:
     num_heads = config["num_attention_heads"]
     hidden = config["hidden_size"]
     is_qwen2 = "Qwen2ForCausalLM" in architectures
+    # transformers >= 5 writes rope_parameters (theta inside); older folders rope_theta + rope_scaling.
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     return ModelConfig(
         vocab_size=config["vocab_size"],
         hidden_size=hidden,
@@ -33,11 +35,11 @@ def config_from_hf(config: dict) -> ModelConfig:
         num_kv_heads=config.get("num_key_value_heads") or num_heads,
         head_dim=config.get("head_dim") or hidden // num_heads,
         rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-        rope_theta=config.get("rope_theta", 10000.0),
+        rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", is_qwen2),
-        rope_scaling=config.get("rope_scaling"),
+        rope_scaling=rope or None,
     )
 
 

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.config import DEFAULT_MODEL
+from engine.core import EngineCore
+from engine.loader.checkpoint import TINY_RANDOM, Checkpoint, load_checkpoint
+from engine.request import EngineOutput
+
+
+@pytest.fixture(scope="session")
+def smollm_checkpoint() -> Checkpoint:
+    return load_checkpoint(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint() -> Checkpoint:
+    return load_checkpoint(TINY_RANDOM)
+
+
+def run_until_done(engine: EngineCore, max_steps: int = 10_000) -> dict[str, list[EngineOutput]]:
+    """Step until every request finished; the outputs of each request, in order."""
+    outputs: dict[str, list[EngineOutput]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return outputs
+        for output in engine.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+
+
+def output_ids(outputs: list[EngineOutput]) -> list[int]:
+    return [token for output in outputs for token in output.new_token_ids]
