@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/serve run deployments:app
+	$(PY) -m deployments
 
 test: install
 	$(PY) -m pytest -q tests

@@ -127,7 +127,8 @@ TINY_RANDOM_CONFIG = ModelConfig(
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
     max_position_embeddings=8192,
-    tie_word_embeddings=True,
+    # Untied: with a tied head, the residual stream makes greedy repeat the input token.
+    tie_word_embeddings=False,
 )
 
 

@@ -1,0 +1,70 @@
+"""Engine throughput: prefill and decode tokens/s at batch 1, 8 and 32.
+
+``python -m bench.engine [--quick] [--model M] [--device D]`` prints a table and writes
+bench/results/engine.json with rows {device, model, phase, batch, tokens_per_s}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.common import print_table, write_results
+from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.core import EngineCore
+from engine.loader.checkpoint import load_checkpoint
+from sampling.params import SamplingParams
+
+BATCHES = (1, 8, 32)
+
+
+def measure(engine: EngineCore, batch: int, prompt_len: int, decode_tokens: int) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s) for ``batch`` requests started together."""
+    params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1, ignore_eos=True)
+    for index in range(batch):
+        prompt = [(7 * index + 13 * position) % 40000 + 100 for position in range(prompt_len)]
+        engine.add_request(f"r{index}", prompt, params)
+    started = time.perf_counter()
+    first = engine.step()  # every prompt fits the step's token budget: one prefill step
+    prefill_s = time.perf_counter() - started
+    assert len(first) == batch, "prefill did not fit in one step"
+    started = time.perf_counter()
+    generated = 0
+    while engine.has_unfinished_requests():
+        generated += sum(len(o.new_token_ids) for o in engine.step())
+    decode_s = time.perf_counter() - started
+    return batch * prompt_len / prefill_s, generated / decode_s
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short prompts and few decode steps (under a minute on CPU)")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args(argv)
+    prompt_len, decode_tokens = (32, 8) if args.quick else (128, 32)
+    checkpoint = load_checkpoint(args.model)
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        max_num_seqs=max(BATCHES),
+        max_model_len=prompt_len + decode_tokens + 8,
+        max_num_batched_tokens=max(BATCHES) * prompt_len,
+    )
+    engine = EngineCore(config, checkpoint)
+    device = str(engine.runner.device) + (f" ({torch.cuda.get_device_name()})" if engine.runner.device.type == "cuda" else "")
+    measure(engine, 1, prompt_len, 2)  # warm-up
+    rows = []
+    for batch in BATCHES:
+        prefill, decode = measure(engine, batch, prompt_len, decode_tokens)
+        rows.append({"device": device, "model": args.model, "phase": "prefill", "batch": batch, "tokens_per_s": round(prefill, 1)})
+        rows.append({"device": device, "model": args.model, "phase": "decode", "batch": batch, "tokens_per_s": round(decode, 1)})
+    print_table(rows)
+    path = write_results("engine", rows, prompt_len=prompt_len, decode_tokens=decode_tokens, quick=args.quick)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

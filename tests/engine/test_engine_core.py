@@ -1,0 +1,177 @@
+"""EngineCore: validation, engine-side stops, aborts, slots and FIFO admission (tiny random model)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.core import EngineCore, InvalidRequestError
+from engine.loader.checkpoint import Checkpoint
+from engine.request import FinishReason
+from sampling.params import SamplingParams
+from tests.engine.conftest import output_ids, run_until_done
+
+PROMPT = list(range(300, 310))
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def make_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
+    config = EngineConfig(model="tiny-random", **{"max_num_seqs": 4, "max_model_len": 64, **overrides})
+    return EngineCore(config, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_checkpoint) -> list[int]:
+    """The greedy continuation of PROMPT: 12 tokens."""
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("ref", PROMPT, GREEDY)
+    return output_ids(run_until_done(engine)["ref"])
+
+
+def first_new_token(tokens: list[int]) -> tuple[int, int]:
+    """A token of ``tokens`` (and its index) that does not occur earlier in it, past index 2."""
+    for index in range(3, len(tokens)):
+        if tokens[index] not in tokens[:index]:
+            return index, tokens[index]
+    raise AssertionError("no suitable token")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], GREEDY, "empty"),
+        (list(range(64)), GREEDY, "64 tokens"),
+        ([5, 49152], GREEDY, "outside the vocabulary"),
+        ([5, -1], GREEDY, "outside the vocabulary"),
+        (PROMPT, SamplingParams(stop_token_ids=[60000]), "stop_token_ids"),
+        (PROMPT, SamplingParams(logit_bias={99999: 1.0}), "logit_bias"),
+    ],
+)
+def test_invalid_requests_are_rejected_without_disturbing_others(tiny_checkpoint, reference_tokens, prompt, params, message):
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("good", PROMPT, GREEDY)
+    engine.step()
+    with pytest.raises(InvalidRequestError, match=message):
+        engine.add_request("bad", prompt, params)
+    assert output_ids(run_until_done(engine)["good"])[-11:] == reference_tokens[1:]
+
+
+def test_duplicate_request_id_is_rejected(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("a", PROMPT, GREEDY)
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        engine.add_request("a", PROMPT, GREEDY)
+    assert engine.num_waiting == 1
+
+
+def test_max_tokens_finishes_with_length(tiny_checkpoint, reference_tokens):
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("a", PROMPT, GREEDY.model_copy(update={"max_tokens": 5}))
+    outputs = run_until_done(engine)["a"]
+    assert output_ids(outputs) == reference_tokens[:5]
+    assert outputs[-1].finish_reason == FinishReason.LENGTH
+    assert all(o.finish_reason is None for o in outputs[:-1])
+    assert outputs[-1].num_prompt_tokens == len(PROMPT)
+
+
+def test_stop_token_id_finishes_with_stop_reason(tiny_checkpoint, reference_tokens):
+    index, token = first_new_token(reference_tokens)
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("a", PROMPT, GREEDY.model_copy(update={"stop_token_ids": [token]}))
+    outputs = run_until_done(engine)["a"]
+    assert output_ids(outputs) == reference_tokens[: index + 1]
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == (FinishReason.STOP, token)
+
+
+@pytest.fixture(scope="module")
+def eos_engine_and_index(tiny_checkpoint, reference_tokens) -> tuple[EngineCore, int]:
+    """An engine whose EOS is a token the greedy continuation produces at ``index``."""
+    index, token = first_new_token(reference_tokens)
+    tokenizer = dataclasses.replace(tiny_checkpoint.tokenizer, eos_token_ids=(token,))
+    return make_engine(dataclasses.replace(tiny_checkpoint, tokenizer=tokenizer)), index
+
+
+def test_eos_stops_unless_ignored(eos_engine_and_index, reference_tokens):
+    engine, index = eos_engine_and_index
+    engine.add_request("eos", PROMPT, GREEDY.model_copy(update={"ignore_eos": False}))
+    engine.add_request("ignored", PROMPT, GREEDY)
+    outputs = run_until_done(engine)
+    assert output_ids(outputs["eos"]) == reference_tokens[: index + 1]
+    assert (outputs["eos"][-1].finish_reason, outputs["eos"][-1].stop_reason) == (FinishReason.STOP, None)
+    assert output_ids(outputs["ignored"]) == reference_tokens
+
+
+def test_min_tokens_gates_eos(eos_engine_and_index, reference_tokens):
+    engine, index = eos_engine_and_index
+    params = GREEDY.model_copy(update={"ignore_eos": False, "min_tokens": index + 2})
+    engine.add_request("gated", PROMPT, params)
+    outputs = run_until_done(engine)["gated"]
+    assert len(output_ids(outputs)) > index + 1
+
+
+def test_context_length_finishes_with_length(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, max_model_len=16)
+    engine.add_request("a", PROMPT, GREEDY.model_copy(update={"max_tokens": None}))
+    outputs = run_until_done(engine)["a"]
+    assert len(output_ids(outputs)) == 16 - len(PROMPT)
+    assert outputs[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_abort_frees_the_slot_before_the_next_step(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, max_num_seqs=1)
+    engine.add_request("a", PROMPT, GREEDY)
+    engine.add_request("b", PROMPT, GREEDY)
+    engine.step()
+    assert (engine.num_running, engine.num_waiting) == (1, 1)
+    engine.abort_requests(["a", "unknown"])
+    assert (engine.num_running, engine.num_waiting) == (0, 1)
+    outputs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [("a", FinishReason.ABORT), ("b", None)]
+    assert engine.num_running == 1
+    assert engine.num_generated("a") == 1
+
+
+def test_abort_of_a_waiting_request(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, max_num_seqs=1)
+    engine.add_request("a", PROMPT, GREEDY)
+    engine.add_request("b", PROMPT, GREEDY)
+    engine.abort_requests(["b"])
+    outputs = run_until_done(engine)
+    assert outputs["b"][-1].finish_reason == FinishReason.ABORT
+    assert output_ids(outputs["b"]) == []
+
+
+def test_finished_request_frees_its_slot_for_the_next_step(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, max_num_seqs=1)
+    once = GREEDY.model_copy(update={"max_tokens": 1})
+    engine.add_request("a", PROMPT, once)
+    engine.add_request("b", PROMPT, once)
+    assert [o.request_id for o in engine.step()] == ["a"]
+    assert [o.request_id for o in engine.step()] == ["b"]
+
+
+def test_waiting_requests_are_admitted_fifo(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, max_num_seqs=2)
+    for name in "abcde":
+        engine.add_request(name, PROMPT, GREEDY.model_copy(update={"max_tokens": 2}))
+    finished = [o.request_id for step in range(20) for o in engine.step() if o.finish_reason]
+    assert finished == list("abcde")
+
+
+def test_a_request_mid_prefill_samples_nothing(tiny_checkpoint, reference_tokens):
+    engine = make_engine(tiny_checkpoint, max_num_batched_tokens=4)
+    engine.add_request("a", PROMPT, GREEDY)
+    assert engine.step() == [] and engine.step() == []
+    (output,) = engine.step()
+    assert output.new_token_ids == reference_tokens[:1]
+
+
+def test_counters(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint)
+    engine.add_request("a", PROMPT, GREEDY.model_copy(update={"max_tokens": 3}))
+    engine.add_request("b", PROMPT, GREEDY.model_copy(update={"max_tokens": 5}))
+    run_until_done(engine)
+    assert (engine.num_generated("a"), engine.num_generated("b"), engine.num_generated_tokens) == (3, 5, 8)
+    assert (engine.num_running, engine.num_waiting, engine.has_unfinished_requests()) == (0, 0, False)
