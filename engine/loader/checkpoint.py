@@ -57,18 +57,28 @@ def load_checkpoint(model: str) -> Checkpoint:
     logger.info("loading model %s", model)
     if model == TINY_RANDOM:
         checkpoint = _tiny_random()
+    elif (path := _resolve_path(model)).suffix == ".gguf":
+        checkpoint = _gguf(model, path)
     else:
-        path = default_model_path() if model == DEFAULT_MODEL else Path(model).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
-            checkpoint = _gguf(model, path)
-        elif path.is_dir() and (path / "config.json").exists():
-            checkpoint = _hf_folder(model, path)
-        else:
-            raise ModelNotFoundError(
-                f"model {model!r} is neither {DEFAULT_MODEL!r}, {TINY_RANDOM!r}, a .gguf file nor a folder with config.json"
-            )
+        checkpoint = _hf_folder(model, path)
     logger.info("loaded %s (%d tensors) in %.1f s", model, len(checkpoint.weights), time.perf_counter() - started)
     return checkpoint
+
+
+def _resolve_path(model: str) -> Path:
+    """The .gguf file or HF folder that ``model`` names."""
+    path = default_model_path() if model == DEFAULT_MODEL else Path(model).expanduser()
+    if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").exists()):
+        return path
+    raise ModelNotFoundError(
+        f"model {model!r} is neither {DEFAULT_MODEL!r}, {TINY_RANDOM!r}, a .gguf file nor a folder with config.json"
+    )
+
+
+def load_tokenizer(model: str) -> TextTokenizer:
+    """Only the tokenizer of ``model`` (no weights): what detokenizer replicas need."""
+    path = default_model_path() if model == TINY_RANDOM else _resolve_path(model)
+    return gguf_text_tokenizer(read_metadata(GGUFReader(path))) if path.suffix == ".gguf" else hf_text_tokenizer(path)
 
 
 def gguf_text_tokenizer(meta: dict[str, object]) -> TextTokenizer:

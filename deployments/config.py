@@ -1,0 +1,46 @@
+"""`ServeArgs`: every option of the Serve application, validated."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+
+
+class ServeArgs(BaseModel):
+    """Options of ``deployments.build_app`` (``serve run deployments:build_app key=value ...``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_MODEL
+    served_model_name: str | None = Field(None, description="The name clients use; defaults to `model`.")
+    dtype: str | None = None
+    max_num_seqs: int = Field(32, ge=1)
+    max_model_len: int = Field(2048, ge=2)
+    max_num_batched_tokens: int = Field(512, ge=1)
+    num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
+    detok_min_replicas: int = Field(1, ge=0)
+    detok_max_replicas: int = Field(2, ge=1)
+    detok_target_ongoing_requests: float = Field(2.0, gt=0)
+    ingress_replicas: int = Field(1, ge=1)
+    inline_detok_threshold: int = Field(
+        256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress."
+    )
+    api_key: str | None = None
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model,
+            dtype=self.dtype,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )

@@ -1,0 +1,163 @@
+"""A request's life in the ingress: submit its choices to an engine, then stream or collect them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from deployments.detok_pool import DetokClient
+from deployments.engine_actor import SERVER_FULL, NewRequest
+from deployments.errors import APIError
+from deployments.metrics import IngressMetrics
+from deployments.output_router import OutputRouter
+from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
+from deployments.streams import ChoiceStream, Mailbox
+from deployments.tick_batcher import TickBatcher
+from detok.state import initial_state
+from engine.tokenizer import TextTokenizer
+from sampling.params import SamplingParams
+
+ENGINE_FAILED = "the engine serving this request failed; it is being restarted"
+
+
+@dataclass
+class Submission:
+    """One HTTP request in flight: its choices, and the prompt text to echo per choice."""
+
+    format: ResponseFormat
+    streams: list[ChoiceStream]
+    mailbox: Mailbox
+    num_prompt_tokens: int
+    echo_texts: list[str]
+    arrived: float
+
+
+class Generation:
+    """Owns this ingress replica's engine handles, output router and batched add/abort calls."""
+
+    def __init__(self, engines: list[object], subscriber: str, tokenizer: TextTokenizer, detok: DetokClient, metrics: IngressMetrics) -> None:
+        self.engines = engines
+        self.subscriber = subscriber
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.router = OutputRouter(engines, subscriber, detok, metrics, self._abort, self._engine_failed)
+        self.adders = [TickBatcher(self._sender(i, "add")) for i in range(len(engines))]
+        self.aborters = [TickBatcher(self._sender(i, "abort")) for i in range(len(engines))]
+        self.ids = itertools.count()
+
+    def _sender(self, engine_index: int, kind: str):
+        engine = self.engines[engine_index]
+
+        async def send(items: list) -> list:
+            if kind == "add":
+                return await engine.add_requests.remote(self.subscriber, items)  # type: ignore[attr-defined]
+            await engine.abort_requests.remote(items)  # type: ignore[attr-defined]
+            return [None] * len(items)
+
+        return send
+
+    def _abort(self, engine_index: int, request_id: str) -> None:
+        self.aborters[engine_index].submit(request_id)
+
+    def _engine_failed(self, engine_index: int) -> None:
+        self.metrics.aborts.inc("engine_failure")
+        self.router.fail_engine_streams(engine_index, APIError(503, ENGINE_FAILED, code="engine_failed"))
+
+    def _pick_engine(self) -> int:
+        load = [0] * len(self.engines)
+        for stream in self.router.streams.values():
+            load[stream.engine_index] += 1
+        return min(range(len(self.engines)), key=load.__getitem__)
+
+    async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
+        """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
+        engine_index = self._pick_engine()
+        mailbox = Mailbox()
+        streams, requests, echo_texts = [], [], []
+        for prompt_index, prompt in enumerate(prompts):
+            state = initial_state(self.tokenizer.tokenizer, prompt, params)
+            prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
+            for i in range(params.n):
+                index = prompt_index * params.n + i
+                choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
+                request_id = f"{format.request_id}-{index}"
+                streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state))
+                requests.append(NewRequest(request_id, prompt, choice_params))
+                echo_texts.append(prompt_text)
+        for stream in streams:
+            self.router.register(stream)
+        errors = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
+        refused = [e for e in errors if e is not None]
+        if refused:
+            for stream, error in zip(streams, errors):
+                self.router.unregister(stream)
+                if error is None:
+                    self._abort(engine_index, stream.request_id)
+            raise APIError(503, refused[0], code="server_full") if refused[0] == SERVER_FULL else APIError(400, refused[0])
+        self.metrics.tokens.inc("prompt", sum(len(p) for p in prompts))
+        return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
+
+    def release(self, submission: Submission, cause: str) -> None:
+        """Unregister the submission's choices; abort those the engine still runs."""
+        for stream in submission.streams:
+            self.router.unregister(stream)
+            if not stream.finished:
+                stream.finished = True
+                self.metrics.aborts.inc(cause)
+                self._abort(stream.engine_index, stream.request_id)
+
+    async def stream(self, submission: Submission, include_usage: bool) -> AsyncIterator[str]:
+        """SSE frames until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
+        fmt = submission.format
+        completion_tokens, unfinished = 0, len(submission.streams)
+        first, last = True, 0.0
+        try:
+            if fmt.chat or any(submission.echo_texts):
+                yield sse(fmt.chunk([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)]))
+            while unfinished:
+                deltas = await submission.mailbox.take()
+                now = time.perf_counter()
+                new_tokens = sum(len(d.token_ids) for d in deltas.values())
+                self._observe_latency(submission, first, last, now, new_tokens)
+                first, last = False, now
+                completion_tokens += new_tokens
+                unfinished -= sum(1 for d in deltas.values() if d.finish_reason is not None)
+                yield sse(fmt.chunk([fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason) for i, d in sorted(deltas.items())]))
+            if include_usage:
+                yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
+        except APIError as error:
+            yield error.sse_frame()
+        finally:
+            self.metrics.tokens.inc("output", completion_tokens)
+            self.release(submission, cause="client_disconnect")
+        yield DONE_FRAME
+
+    async def collect(self, submission: Submission) -> dict[str, object]:
+        """The whole response body once every choice finished."""
+        fmt = submission.format
+        texts = list(submission.echo_texts)
+        finish: dict[int, tuple[str | None, int | str | None]] = {}
+        completion_tokens = 0
+        try:
+            while len(finish) < len(submission.streams):
+                for index, delta in (await submission.mailbox.take()).items():
+                    if completion_tokens == 0:
+                        self.metrics.ttft.observe(time.perf_counter() - submission.arrived)
+                    texts[index] += delta.text
+                    completion_tokens += len(delta.token_ids)
+                    if delta.finish_reason is not None:
+                        finish[index] = (delta.finish_reason, delta.stop_reason)
+        finally:
+            self.metrics.tokens.inc("output", completion_tokens)
+            self.release(submission, cause="client_disconnect")
+        choices = [fmt.full_choice(i, texts[i], *finish[i]) for i in range(len(submission.streams))]
+        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens))
+
+    def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
+        if first:
+            self.metrics.ttft.observe(now - submission.arrived)
+        elif new_tokens:
+            self.metrics.itl.observe((now - last) / new_tokens)

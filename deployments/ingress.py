@@ -1,0 +1,187 @@
+"""The OpenAI ingress: HTTP routing, auth, limits, and the request handlers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import ray
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from deployments.config import ServeArgs
+from deployments.detok_pool import DetokClient
+from deployments.engine_actor import EngineActor
+from deployments.errors import APIError, from_validation_error
+from deployments.generation import Generation
+from deployments.metrics import IngressMetrics
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.responses import ResponseFormat
+from engine.loader.checkpoint import load_tokenizer
+from engine.tokenizer import ChatTemplateError
+
+logger = logging.getLogger(__name__)
+
+ENGINE_NAMESPACE = "spout"
+
+
+def engine_handles(args: ServeArgs) -> list[object]:
+    """The engine actors, one per GPU (or one on CPU), created by the first replica that asks."""
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    count = args.num_engines or max(gpus, 1)
+    resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    actor = ray.remote(max_restarts=-1, max_concurrency=10_000)(EngineActor)
+    return [
+        actor.options(name=f"spout-engine-{args.model_name}-{i}", namespace=ENGINE_NAMESPACE, get_if_exists=True, **resources).remote(
+            args.engine_config(), args.max_waiting_requests
+        )
+        for i in range(count)
+    ]
+
+
+class Ingress:
+    """Serve deployment body (options set in `deployments.app`)."""
+
+    def __init__(self, args: dict, detok_pool: object | None) -> None:
+        self.args = ServeArgs(**args)
+        self.tokenizer = load_tokenizer(self.args.model)
+        self.engines = engine_handles(self.args)
+        self.metrics = IngressMetrics()
+        self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_max_replicas)
+        self.subscriber = uuid.uuid4().hex
+        self.generation: Generation | None = None
+        self.max_model_len: int | None = None
+
+    async def _ready(self) -> Generation:
+        if self.generation is None:
+            info = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
+            self.max_model_len = info[0]["max_model_len"]
+            self.generation = Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics)
+        return self.generation
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            response = await self._route(request)
+        except APIError as error:
+            response = error.response()
+        except Exception:
+            logger.exception("unhandled error")
+            response = APIError(500, "internal server error").response()
+        self.metrics.requests.inc(str(response.status_code))
+        return response
+
+    async def _route(self, request: Request) -> Response:
+        path, method = request.url.path.rstrip("/"), request.method
+        routes = {
+            "/v1/completions": ("POST", self.completions),
+            "/v1/chat/completions": ("POST", self.chat_completions),
+            "/v1/models": ("GET", self.models),
+            "/health": ("GET", self.health),
+            "/metrics": ("GET", self.metrics_text),
+        }
+        if path not in routes:
+            raise APIError(404, f"no route {path}", code="not_found")
+        expected, handler = routes[path]
+        if method != expected:
+            raise APIError(405, f"{path} takes {expected}, not {method}", code="method_not_allowed")
+        if path.startswith("/v1/"):
+            self._authorize(request)
+        return await handler(request)
+
+    def _authorize(self, request: Request) -> None:
+        if self.args.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {self.args.api_key}":
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    async def _json_body(self, request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.args.max_body_bytes:
+            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
+        body = await request.body()
+        if len(body) > self.args.max_body_bytes:
+            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
+        try:
+            parsed = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise APIError(400, f"malformed JSON: {error}", code="invalid_json") from error
+        if not isinstance(parsed, dict):
+            raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+        return parsed
+
+    def _check_model(self, model: str) -> None:
+        if model != self.args.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.args.model_name!r}", param="model", code="model_not_found")
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        assert self.max_model_len is not None
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if len(prompt) >= self.max_model_len:
+            raise APIError(
+                413,
+                f"the prompt has {len(prompt)} tokens; this model's context is {self.max_model_len} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = CompletionRequest.model_validate(await self._json_body(request))
+        except ValidationError as error:
+            raise from_validation_error(error) from error
+        self._check_model(body.model)
+        params = body.sampling_params()
+        generation = await self._ready()
+        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+        for prompt in prompts:
+            self._check_prompt(prompt)
+        fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
+        submission = await generation.submit(fmt, prompts, params, echo=body.echo)
+        if body.stream:
+            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await generation.collect(submission))
+
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            body = ChatCompletionRequest.model_validate(await self._json_body(request))
+        except ValidationError as error:
+            raise from_validation_error(error) from error
+        self._check_model(body.model)
+        params = body.sampling_params()
+        generation = await self._ready()
+        try:
+            prompt = self.tokenizer.encode_chat(body.chat_messages(), body.add_generation_prompt)
+        except ChatTemplateError as error:
+            raise APIError(400, str(error), param="messages") from error
+        self._check_prompt(prompt)
+        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
+        submission = await generation.submit(fmt, [prompt], params, echo=False)
+        if body.stream:
+            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await generation.collect(submission))
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": self.args.model_name, "object": "model", "created": 0, "owned_by": "spout", "max_model_len": self.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        try:
+            await self._ready()
+            for engine in self.engines:
+                await engine.stats.remote()  # type: ignore[attr-defined]
+        except Exception as error:
+            raise APIError(503, f"unhealthy: {error}", code="unhealthy") from error
+        return PlainTextResponse("ok")
+
+    async def metrics_text(self, request: Request) -> Response:
+        gauges: dict[str, float] = {}
+        for index, engine in enumerate(self.engines):
+            stats = await engine.stats.remote()  # type: ignore[attr-defined]
+            gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
+            gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
+        total = self.detok.inline_batches + self.detok.pool_batches
+        gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
+        return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,105 @@
+"""The ingress's output loop: one per engine, from engine messages to request mailboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from deployments.detok_pool import DetokClient
+from deployments.errors import APIError
+from deployments.metrics import IngressMetrics
+from deployments.streams import ChoiceStream
+from detok.batch import DetokItem, DetokResult
+from engine.request import EngineOutput
+
+logger = logging.getLogger(__name__)
+
+ENGINE_POLL_TIMEOUT_S = 1.0
+
+
+class OutputRouter:
+    """Long-polls each engine for this replica's outputs (one message per step, coalesced
+    when the ingress is slower), detokenizes them in one batch, and fills mailboxes.
+
+    A stop string found by the detokenizer finishes the choice here and aborts it in
+    its engine in the same tick; outputs for finished choices are dropped.
+    """
+
+    def __init__(
+        self,
+        engines: list[object],
+        subscriber: str,
+        detok: DetokClient,
+        metrics: IngressMetrics,
+        abort: Callable[[int, str], None],
+        on_engine_failure: Callable[[int], None],
+    ) -> None:
+        self.engines = engines
+        self.subscriber = subscriber
+        self.detok = detok
+        self.metrics = metrics
+        self.abort = abort
+        self.on_engine_failure = on_engine_failure
+        self.streams: dict[str, ChoiceStream] = {}
+        self.tasks = [asyncio.get_running_loop().create_task(self._loop(i)) for i in range(len(engines))]
+
+    def register(self, stream: ChoiceStream) -> None:
+        self.streams[stream.request_id] = stream
+
+    def unregister(self, stream: ChoiceStream) -> None:
+        self.streams.pop(stream.request_id, None)
+
+    def fail_engine_streams(self, engine_index: int, error: APIError) -> None:
+        for stream in list(self.streams.values()):
+            if stream.engine_index == engine_index and not stream.finished:
+                stream.finished = True
+                stream.mailbox.fail(error)
+
+    async def _loop(self, engine_index: int) -> None:
+        engine = self.engines[engine_index]
+        while True:
+            try:
+                outputs = await engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S)  # type: ignore[attr-defined]
+            except Exception as error:  # the actor died; Ray restarts it
+                logger.error("engine %d failed: %s", engine_index, error)
+                self.on_engine_failure(engine_index)
+                await asyncio.sleep(0.5)
+                continue
+            if outputs:
+                try:
+                    await self._route(outputs)
+                except Exception:
+                    logger.exception("routing engine outputs failed")
+
+    async def _route(self, outputs: list[EngineOutput]) -> None:
+        live = [(self.streams[o.request_id], o) for o in outputs if o.request_id in self.streams and not self.streams[o.request_id].finished]
+        if not live:
+            return
+        items = [DetokItem(s.detok_state, o.new_token_ids, finished=o.finish_reason is not None) for s, o in live]
+        self.metrics.detok_batch.observe(len(items))
+        results = await self.detok.detokenize(items)
+        for (stream, output), result in zip(live, results):
+            self._deliver(stream, output, result)
+
+    def _deliver(self, stream: ChoiceStream, output: EngineOutput, result: DetokResult) -> None:
+        if stream.finished:  # e.g. the client left while the batch was being detokenized
+            return
+        stream.detok_state = result.state
+        if result.error is not None:
+            stream.finished = True
+            stream.mailbox.fail(APIError(500, f"detokenization failed: {result.error}", code="detokenization_error"))
+            if output.finish_reason is None:
+                self.abort(stream.engine_index, stream.request_id)
+            return
+        if result.stop is not None:
+            stream.finished = True
+            token_ids = list(output.new_token_ids[: result.stop.keep_tokens])
+            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop)
+            if output.finish_reason is None:
+                self.metrics.aborts.inc("stop_string")
+                self.abort(stream.engine_index, stream.request_id)
+            return
+        finish_reason = output.finish_reason.value if output.finish_reason is not None else None
+        stream.finished = finish_reason is not None
+        stream.mailbox.push(stream.index, result.text, list(output.new_token_ids), finish_reason, output.stop_reason)

@@ -1,0 +1,67 @@
+"""OpenAI response bodies and SSE chunks for completions and chat completions."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+DONE_FRAME = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, object]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """How one request's choices are written: ``chat`` or plain completions."""
+
+    request_id: str
+    model: str
+    chat: bool
+    created: int
+
+    @classmethod
+    def new(cls, request_id: str, model: str, chat: bool) -> ResponseFormat:
+        return cls(request_id, model, chat, int(time.time()))
+
+    def _envelope(self, obj: str, choices: list[dict[str, object]]) -> dict[str, object]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
+
+    def chunk_choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        role: bool = False,
+    ) -> dict[str, object]:
+        choice: dict[str, object] = {"index": index}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if role else {"content": text}
+        else:
+            choice["text"] = text
+        choice |= {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        return choice
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, object]:
+        return self.chunk([]) | {"usage": usage}
+
+    def full(self, choices: list[dict[str, object]], usage: dict[str, int]) -> dict[str, object]:
+        return self._envelope("chat.completion" if self.chat else "text_completion", choices) | {"usage": usage}
+
+    def full_choice(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> dict[str, object]:
+        choice: dict[str, object] = {"index": index}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return choice | {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,60 @@
+"""What the ingress keeps per request: each choice's detok state, and a mailbox of coalesced deltas."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from deployments.errors import APIError
+from detok.state import DetokState
+
+
+@dataclass
+class ChoiceDelta:
+    """Text and token ids not yet sent for one choice, merged across engine steps."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Mailbox:
+    """The deltas of one HTTP request's choices; a slow reader gets them coalesced."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, ChoiceDelta] = {}
+        self.error: APIError | None = None
+        self.ready = asyncio.Event()
+
+    def push(self, index: int, text: str, token_ids: list[int], finish_reason: str | None, stop_reason: int | str | None) -> None:
+        delta = self.pending.setdefault(index, ChoiceDelta())
+        delta.text += text
+        delta.token_ids.extend(token_ids)
+        delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
+        self.ready.set()
+
+    def fail(self, error: APIError) -> None:
+        self.error = error
+        self.ready.set()
+
+    async def take(self) -> dict[int, ChoiceDelta]:
+        """Wait for deltas and return them all; raises the request's error if it failed."""
+        await self.ready.wait()
+        self.ready.clear()
+        if self.error is not None:
+            raise self.error
+        pending, self.pending = self.pending, {}
+        return pending
+
+
+@dataclass
+class ChoiceStream:
+    """One engine request: choice ``index`` of an HTTP request, routed to ``engine_index``."""
+
+    request_id: str
+    index: int
+    engine_index: int
+    mailbox: Mailbox
+    detok_state: DetokState
+    finished: bool = False
