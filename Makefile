@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(PY) -m deployments
+	$(VENV)/bin/serve run deployments:app
 
 test: install
 	$(PY) -m pytest -q tests

@@ -40,7 +40,8 @@ class APIError(Exception):
 
 
 def from_validation_error(error: ValidationError) -> APIError:
-    """400 naming the first invalid field (dotted path) and what is wrong with it."""
+    """400 naming the first invalid top-level field; the message has the full location."""
     first = error.errors()[0]
-    param = ".".join(str(part) for part in first["loc"]) or None
-    return APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param, code="invalid_value")
+    location = ".".join(str(part) for part in first["loc"])
+    param = str(first["loc"][0]) if first["loc"] else None
+    return APIError(400, f"{location}: {first['msg']}" if location else first["msg"], param=param, code="invalid_value")

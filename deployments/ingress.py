@@ -164,6 +164,7 @@ class Ingress:
         return JSONResponse(await generation.collect(submission))
 
     async def models(self, request: Request) -> Response:
+        await self._ready()
         card = {"id": self.args.model_name, "object": "model", "created": 0, "owned_by": "spout", "max_model_len": self.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 

@@ -1,0 +1,72 @@
+"""One real Ray Serve app for the whole test session, on loopback, default model on CPU."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+
+from deployments import build_app
+from deployments.ingress import ENGINE_NAMESPACE
+
+MODEL = "smollm2-135m-instruct"
+API_KEY = "test-key"
+STARTUP_TIMEOUT_S = 300
+
+
+@dataclass
+class Server:
+    base_url: str
+    model: str
+    api_key: str
+
+    def engine(self, index: int = 0):
+        return ray.get_actor(f"spout-engine-{self.model}-{index}", namespace=ENGINE_NAMESPACE)
+
+    def http(self, **kwargs) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=120, **kwargs)
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key, timeout=120, max_retries=0)
+
+    def async_openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key, timeout=300, max_retries=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = build_app({"model": MODEL, "max_num_seqs": 32, "max_model_len": 1024, "api_key": API_KEY, "max_body_bytes": 65536})
+        serve.run(app, name="spout", route_prefix="/", blocking=False)
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=60).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            raise RuntimeError("the Serve app did not become healthy")
+        yield Server(base_url=base_url, model=MODEL, api_key=API_KEY)
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,102 @@
+"""The openai client against the real app: completions and chat, streaming and not."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Name three fruits."}]
+
+
+def stream_completion(client, **kwargs) -> tuple[dict[int, str], dict[int, str], list]:
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    return texts, finish, chunks
+
+
+def stream_chat(client, **kwargs) -> tuple[dict[int, str], dict[int, str], list]:
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    return texts, finish, chunks
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 1234}])
+def test_completion_stream_equals_non_stream(server, sampling):
+    client = server.openai()
+    full = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=24, **sampling)
+    texts, finish, _ = stream_completion(client, model=server.model, prompt=PROMPT, max_tokens=24, **sampling)
+    assert texts[0] == full.choices[0].text
+    assert finish[0] == full.choices[0].finish_reason
+    if sampling["temperature"] == 0.0:
+        assert "Paris" in full.choices[0].text
+    assert full.usage.completion_tokens <= 24 and full.usage.prompt_tokens == 5
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 7}])
+def test_chat_stream_equals_non_stream(server, sampling):
+    client = server.openai()
+    full = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=32, **sampling)
+    texts, finish, chunks = stream_chat(client, model=server.model, messages=MESSAGES, max_tokens=32, **sampling)
+    assert texts[0] == full.choices[0].message.content
+    assert finish[0] == full.choices[0].finish_reason
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert full.choices[0].message.role == "assistant"
+
+
+def test_n2_choices_have_their_own_index_and_finish_reason(server):
+    client = server.openai()
+    full = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8, n=2, temperature=1.0, seed=5)
+    assert sorted(c.index for c in full.choices) == [0, 1]
+    assert all(c.finish_reason in ("stop", "length") for c in full.choices)
+    texts, finish, _ = stream_completion(client, model=server.model, prompt=PROMPT, max_tokens=8, n=2, temperature=1.0, seed=5)
+    assert texts == {c.index: c.text for c in full.choices}
+    assert set(finish) == {0, 1}
+    chat = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=8, n=2, temperature=0.0)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy: both the same
+
+
+def test_include_usage_adds_a_last_chunk_with_usage(server):
+    client = server.openai()
+    texts, _, chunks = stream_chat(
+        client, model=server.model, messages=MESSAGES, max_tokens=6, temperature=0.0, stream_options={"include_usage": True}
+    )
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == 6
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 6
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+
+
+def test_echo_and_list_prompts(server):
+    client = server.openai()
+    echoed = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4, temperature=0.0, echo=True)
+    plain = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4, temperature=0.0)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    batch = client.completions.create(model=server.model, prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0.0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == plain.choices[0].text
+    ids = client.completions.create(model=server.model, prompt=[504, 3575, 282, 4649, 314], max_tokens=4, temperature=0.0)
+    assert ids.choices[0].text == plain.choices[0].text
+
+
+def test_models_health_metrics(server):
+    client = server.openai()
+    assert [m.id for m in client.models.list().data] == [server.model]
+    with server.http() as http:
+        assert http.get("/health").status_code == 200
+        metrics = http.get("/metrics").text
+    for name in ("spout_requests_total", "spout_time_to_first_token_seconds_bucket", "spout_running_requests", "spout_detok_inline_share"):
+        assert name in metrics
