@@ -53,7 +53,7 @@ def server() -> Iterator[Server]:
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app({"model": MODEL, "max_num_seqs": 32, "max_model_len": 1024, "api_key": API_KEY, "max_body_bytes": 65536})
+        app = build_app({"model": MODEL, "max_num_seqs": 32, "max_model_len": 1024, "api_key": API_KEY, "max_body_bytes": 65536, "inline_detok_threshold": 8})
         serve.run(app, name="spout", route_prefix="/", blocking=False)
         base_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -29,7 +29,7 @@ def test_64_concurrent_streams_match_their_twins(server):
         client = server.async_openai()
         bodies = [_request(i, server.model) for i in range(NUM_CLIENTS)]
         streamed = await asyncio.wait_for(asyncio.gather(*(_stream(client, b) for b in bodies)), TIMEOUT_S)
-        twins = [await client.completions.create(**b) for b in bodies]
+        twins = await asyncio.gather(*(client.completions.create(**b) for b in bodies))
         await client.close()
         return streamed, twins
 
