@@ -29,8 +29,6 @@ class ServeArgs(BaseModel):
     api_key: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
 
     @property
     def model_name(self) -> str:

