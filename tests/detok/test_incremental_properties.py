@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,3 +96,23 @@ def test_rebase_never_cuts_inside_a_sequence(tokenizer: Tokenizer) -> None:
     ids = [lead] * (MAX_PENDING - 3) + [cont] + [lead] * 10 + tokenizer.encode(" ok").ids
     result = stream(tokenizer, initial_state(tokenizer, [], SamplingParams()), [[i] for i in ids] + [[]])
     assert result.text == tokenizer.decode(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4), skip=st.booleans())
+def test_fast_path_matches_general_path(tokenizer: Tokenizer, tricky_ids: list[int], data, sizes, skip) -> None:
+    """The no-decode fast path returns exactly the general path's texts and states."""
+    ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
+    stops = data.draw(st.lists(st.sampled_from(["a", "😀", "中文", "\n\n", "ab"]), max_size=2))
+    params = SamplingParams(skip_special_tokens=skip, stop=stops, min_tokens=data.draw(st.integers(0, 5)), max_tokens=None)
+    chunks = split(ids, sizes) + [[]]
+    fast_state = general_state = initial_state(tokenizer, [], params)
+    for n, chunk in enumerate(chunks):
+        item_args = (chunk, n == len(chunks) - 1)
+        (fast,) = detokenize_batch(tokenizer, [DetokItem(fast_state, *item_args)])
+        with mock.patch("detok.batch.fast_result", return_value=None):
+            (general,) = detokenize_batch(tokenizer, [DetokItem(general_state, *item_args)])
+        assert fast == general
+        fast_state = general_state = fast.state
+        if fast.stop is not None:
+            break
