@@ -149,10 +149,11 @@ def summarize(rows: list[dict]) -> dict:
 def print_table(rows: list[dict], summary: dict) -> None:
     us = {(r["method"], r["length"]): r["us_per_token"] for r in rows}
     streams = {r["method"]: r["streams"] for r in rows}
-    print(f"{'us/token':<22}" + "".join(f"{n:>10}" for n in LENGTHS))
+    print(f"{'us/token':<28}" + "".join(f"{n:>10}" for n in LENGTHS))
     for m in RUNS:
-        print(f"{f'{m} ({streams[m]} streams)':<22}" + "".join(f"{us[m, n]:>10.2f}" for n in LENGTHS))
-    print(f"ours 32000/100: {summary['ours_32000_over_100']}x; ours/decode_stream: {summary['ours_over_decode_stream']}")
+        print(f"{f'{m} ({streams[m]} streams)':<28}" + "".join(f"{us[m, n]:>10.2f}" for n in LENGTHS))
+    ratios = summary["ours_over_decode_stream"]
+    print(f"ours 32000/100: {summary['ours_32000_over_100']}x; ours/decode_stream: {ratios}")
 
 
 def main() -> None:
@@ -163,17 +164,24 @@ def main() -> None:
     tokenizer = load_gguf_tokenizer(model_path())
     ids = corpus_ids(tokenizer, max(LENGTHS) + 9973 * 2)
     check_exact(tokenizer, ids[:2000])  # also builds the byte table before timing
-    rows = []
+    rows, means = [], {}
     for length in LENGTHS:
         for name, run in RUNS.items():
             n = min(streams, REDECODE_STREAMS) if name == "full_redecode" else streams
-            us = us_per_token(name, run(tokenizer, ids, offsets(ids, length, n), length), n)
+            times = run(tokenizer, ids, offsets(ids, length, n), length)
+            us = us_per_token(name, times, n)
             rows.append({"method": name, "length": length, "streams": n, "us_per_token": round(us, 3)})
+            means[f"{name}/{length}"] = round(statistics.mean(times) / n * 1e6, 3)
     summary = summarize(rows)
     print_table(rows, summary)
-    notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nUsage", 1)[0]
     path = write_results(
-        "detok", rows, mode="quick" if args.quick else "full", tokenizers=tokenizers.__version__, notes=notes, summary=summary
+        "detok",
+        rows,
+        mode="quick" if args.quick else "full",
+        tokenizers=tokenizers.__version__,
+        notes=__doc__.split("\n\n", 1)[1].rsplit("\n\nUsage", 1)[0],
+        summary=summary,
+        mean_us_per_token=means,
     )
     print(f"wrote {path}")
 

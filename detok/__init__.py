@@ -8,4 +8,13 @@ from detok.batch import detokenize_batch
 from detok.state import DetokParams, DetokState, initial_state
 from detok.token_strings import TokenString
 
-__all__ = ["DetokItem", "DetokParams", "DetokResult", "DetokState", "StopHit", "TokenString", "detokenize_batch", "initial_state"]
+__all__ = [
+    "DetokItem",
+    "DetokParams",
+    "DetokResult",
+    "DetokState",
+    "StopHit",
+    "TokenString",
+    "detokenize_batch",
+    "initial_state",
+]

@@ -3,9 +3,12 @@
 Each `DetokItem` carries one request's `DetokState` and its new ids; each `DetokResult`
 the text to send, the next state, a stop hit, an error, and logprob token strings. Items
 never affect each other and inputs are never modified, so a call can be retried or run
-on any replica. Tokenizer calls per batch: one ``decode_batch`` per ``skip_special_tokens``
-value in use, plus one more per value only for items where a stop string matched inside
-a call that brought several ids (to find the id that completed it).
+on any replica. A finished or stopped request's later items are no-ops (with ids: errors).
+
+Tokenizer calls per batch: none for items `detok.fast` decides (byte-level tokenizers, the
+common case); for the rest one ``decode_batch`` per ``skip_special_tokens`` value in use,
+plus one more per value only for items where a stop string matched inside a call that
+brought several ids (to find the id that completed it).
 
 Contract, per request, with ``full = tokenizer.decode(all output ids, skip_special_tokens)``:
 the concatenated texts are always a prefix of ``full`` and equal it once the item with
@@ -23,14 +26,7 @@ from tokenizers import Tokenizer
 from detok.api import DetokItem, DetokResult, StopHit
 from detok.decodes import Decodes
 from detok.fast import fast_result
-from detok.incremental import (
-    Advance,
-    advance,
-    context_chars,
-    rebase_point,
-    stable_end,
-    window_sequences,
-)
+from detok.incremental import Advance, advance, context_chars, rebase_point, stable_end, window_sequences
 from detok.state import DetokState
 from detok.stop import StopMatch, earliest_stop, split_held, stop_output
 from detok.token_strings import TokenString, token_strings
@@ -38,9 +34,7 @@ from detok.vocab_bytes import VocabBytes, vocab_bytes
 
 
 class _Queued(NamedTuple):
-    """An item waiting for decodes: its window, rebase cut, and where its texts will be.
-
-    """
+    """An item waiting for decodes: its window, rebase cut, and where its texts will be."""
 
     index: int
     window: tuple[int, ...]
@@ -66,7 +60,7 @@ def detokenize_batch(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[D
         error = _check(item, vocab_size)
         if error is not None:
             results[n] = DetokResult("", state, error=error)
-        elif new_ids or finished or logprob_ids:
+        elif (new_ids or finished or logprob_ids) and not state.done:
             queued.append(_queue(n, item, decodes))
         else:
             results[n] = DetokResult("", state)
@@ -81,17 +75,19 @@ def detokenize_batch(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[D
         decoded = _decoded(item, q, decodes, table)
         match = _first_match(item.state, decoded.buffer, len(item.new_token_ids))
         if match is not None and len(item.new_token_ids) > 1:
-            stops.append((q.index, decoded, offsets.add(q.index, item.state.params.skip_special_tokens, _prefixes(item, q))))
+            skip = item.state.params.skip_special_tokens
+            stops.append((q.index, decoded, offsets.add(q.index, skip, _prefixes(item, q))))
         else:
             results[q.index] = _finalize(decoded, match, len(item.new_token_ids))
     if stops:
         offsets.run(tokenizer)
     for n, decoded, start in stops:
+        state = items[n].state
         if n in offsets.failed:
-            results[n] = DetokResult("", items[n].state, error=offsets.failed[n])
+            results[n] = DetokResult("", state, error=offsets.failed[n])
         else:
-            prefix_texts = offsets.texts[items[n].state.params.skip_special_tokens][start : start + len(items[n].new_token_ids) - 1]
-            results[n] = _resolve_stop(decoded, _token_ends(decoded, prefix_texts))
+            texts = offsets.texts[state.params.skip_special_tokens][start : start + len(items[n].new_token_ids) - 1]
+            results[n] = _resolve_stop(decoded, _token_ends(decoded, texts))
     return results
 
 
@@ -111,7 +107,7 @@ def _check(item: DetokItem, vocab_size: int) -> str | None:
     for name, ids in (("token id", item.new_token_ids), ("logprob token id", item.logprob_token_ids)):
         for i in ids:
             if not (isinstance(i, int) and 0 <= i < vocab_size):
-                return f"{name} {i!r} is outside the vocabulary [0, {vocab_size})"
+                return f"{name} {i!r} is not an int in the vocabulary [0, {vocab_size})"
     return None
 
 

@@ -55,8 +55,10 @@ def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, tricky_ids: lis
     result = stream(tokenizer, state, split(ids, sizes) + [[]])
     sent = ""
     for delta in result.deltas:
+        replacements = [len(sent) + k for k, c in enumerate(delta) if c == "\ufffd"]
         sent += delta
         assert full.startswith(sent), "a delta is not final text: it would have to be taken back"
+        assert all(full[k] == "\ufffd" for k in replacements)  # implied by the prefix check; stated
     assert sent == full
 
 
@@ -104,7 +106,8 @@ def test_fast_path_matches_general_path(tokenizer: Tokenizer, tricky_ids: list[i
     """The no-decode fast path returns exactly the general path's texts and states."""
     ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     stops = data.draw(st.lists(st.sampled_from(["a", "😀", "中文", "\n\n", "ab"]), max_size=2))
-    params = SamplingParams(skip_special_tokens=skip, stop=stops, min_tokens=data.draw(st.integers(0, 5)), max_tokens=None)
+    min_tokens = data.draw(st.integers(0, 5))
+    params = SamplingParams(skip_special_tokens=skip, stop=stops, min_tokens=min_tokens, max_tokens=None)
     chunks = split(ids, sizes) + [[]]
     fast_state = general_state = initial_state(tokenizer, [], params)
     for n, chunk in enumerate(chunks):
