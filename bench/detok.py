@@ -14,8 +14,11 @@ general path; the rest takes the no-decode fast path):
   which estimates the mean over all steps.
 
 Each step is timed; ``us_per_token`` for ``ours`` and ``decode_stream`` is the median step
-time per stream, so bursts from other work on a shared machine do not skew it. The first
-detok call builds a per-tokenizer byte table (once per process); it is made before timing.
+time per stream, so bursts from other work on a shared machine do not skew it; means (which
+include those bursts and garbage collections) are in ``mean_us_per_token``. After setup the
+process calls ``gc.freeze()``, as a server would after loading, so full collections skip
+import-time objects. The first detok call builds a per-tokenizer byte table (once per
+process); it is made before timing.
 
 Usage: ``python -m bench.detok [--quick]`` (quick: 16 streams instead of 256).
 """
@@ -23,6 +26,7 @@ Usage: ``python -m bench.detok [--quick]`` (quick: 16 streams instead of 256).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import random
 import statistics
@@ -164,6 +168,8 @@ def main() -> None:
     tokenizer = load_gguf_tokenizer(model_path())
     ids = corpus_ids(tokenizer, max(LENGTHS) + 9973 * 2)
     check_exact(tokenizer, ids[:2000])  # also builds the byte table before timing
+    gc.collect()
+    gc.freeze()
     rows, means = [], {}
     for length in LENGTHS:
         for name, run in RUNS.items():
