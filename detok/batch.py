@@ -96,6 +96,7 @@ class _Decoded(NamedTuple):
 
     item: DetokItem
     ctx_chars: int
+    concatenative: bool
     advance: Advance
     buffer: str
     token_strings: tuple[TokenString, ...]
@@ -130,7 +131,7 @@ def _decoded(item: DetokItem, q: _Queued, decodes: Decodes, table: VocabBytes | 
     if item.logprob_token_ids:
         lp_texts = decodes.texts[False][q.logprobs_start : q.logprobs_start + len(item.logprob_token_ids)]
         strings = tuple(token_strings(item.logprob_token_ids, lp_texts, table))
-    return _Decoded(item, context_chars(state, texts), step, state.held + step[0], strings)
+    return _Decoded(item, context_chars(state, texts), table is not None, step, state.held + step[0], strings)
 
 
 def _first_match(state: DetokState, buffer: str, num_new: int) -> StopMatch | None:
@@ -152,7 +153,10 @@ def _token_ends(decoded: _Decoded, prefix_texts: list[str]) -> list[int]:
     state = decoded.item.state
     start = decoded.ctx_chars + state.pending_sent
     held = len(state.held)
-    ends = [held + max(0, stable_end(decoded.ctx_chars, text, False) - start) for text in prefix_texts]
+    ends = [
+        held + max(0, stable_end(decoded.ctx_chars, text, False, decoded.concatenative) - start)
+        for text in prefix_texts
+    ]
     return [*ends, len(decoded.buffer)]
 
 

@@ -48,13 +48,15 @@ def context_chars(state: DetokState, texts: Sequence[str]) -> int:
     return len(texts[1]) if state.ctx_chars is None else state.ctx_chars
 
 
-def stable_end(ctx_chars: int, text: str, final: bool) -> int:
+def stable_end(ctx_chars: int, text: str, final: bool, concatenative: bool) -> int:
     """Length of the prefix of ``text`` that can no longer change.
 
-    Only a U+FFFD after the context, at the very end, may still turn into a character.
+    Text after the context ending in U+FFFD may still change: for lossy UTF-8 only that last
+    U+FFFD (an incomplete character is one U+FFFD); for other decoders, such as byte
+    fallback (one U+FFFD per byte until the character completes), all of it, as in vLLM.
     """
     if not final and len(text) > ctx_chars and text[-1] == REPLACEMENT:
-        return len(text) - 1
+        return len(text) - 1 if concatenative else ctx_chars
     return len(text)
 
 
@@ -70,7 +72,7 @@ def advance(
     text = texts[0]
     ctx_chars = context_chars(state, texts)
     start = ctx_chars + state.pending_sent
-    end = max(stable_end(ctx_chars, text, final), start)
+    end = max(stable_end(ctx_chars, text, final, concatenative), start)
     if end == len(text):
         return _settle(state, window, text[start:], len(text) - ctx_chars, ctx_chars, concatenative)
     if rebase_at is not None and _in_sync(texts[-2], texts[-1], text):

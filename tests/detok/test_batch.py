@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from streaming import split, stream
+from streaming import HiddenDecoder, split, stream
 from tokenizers import Tokenizer
 
 from detok import DetokItem, DetokState, TokenString, detokenize_batch, initial_state
@@ -34,18 +34,8 @@ def test_bad_ids_fail_only_their_item(tokenizer: Tokenizer, fresh: DetokState) -
     assert "-1" in results[1].error and "49152" in results[2].error and "not an int" in results[3].error
 
 
-class ExplodingTokenizer:
-    """Delegates to the real tokenizer but fails to decode any sequence holding id 42.
-
-    Its decoder is hidden, so no decode is skipped by the byte-level fast path.
-    """
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self._inner = inner
-        self.decoder = None
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+class ExplodingTokenizer(HiddenDecoder):
+    """Fails to decode any sequence holding id 42 (its hidden decoder makes every item decode)."""
 
     def decode_batch(self, seqs, skip_special_tokens=True):
         if any(42 in s for s in seqs):

@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from streaming import split, stream
+from streaming import HiddenDecoder, split, stream
 from tokenizers import Tokenizer, pre_tokenizers
 
 from detok import DetokItem, detokenize_batch, initial_state
@@ -45,14 +45,17 @@ def flatten(tokenizer: Tokenizer, segments: list[list]) -> list[int]:
     return ids
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("generic", [False, True], ids=["byte-level", "generic-path"])
+@settings(max_examples=120, deadline=None)
 @given(data=st.data(), sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), skip=st.booleans())
-def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, tricky_ids: list[int], data, sizes, skip) -> None:
+def test_deltas_concatenate_to_full_decode(
+    tokenizer: Tokenizer, tricky_ids: list[int], generic: bool, data, sizes, skip
+) -> None:
     ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     prompt = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     full = tokenizer.decode(ids, skip_special_tokens=skip)
     state = initial_state(tokenizer, prompt, SamplingParams(skip_special_tokens=skip))
-    result = stream(tokenizer, state, split(ids, sizes) + [[]])
+    result = stream(HiddenDecoder(tokenizer) if generic else tokenizer, state, split(ids, sizes) + [[]])
     sent = ""
     for delta in result.deltas:
         replacements = [len(sent) + k for k, c in enumerate(delta) if c == "\ufffd"]
