@@ -14,6 +14,9 @@ Contract, per request, with ``full = tokenizer.decode(all output ids, skip_speci
 the concatenated texts are always a prefix of ``full`` and equal it once the item with
 ``finished=True`` is processed, unless a stop string cut it short. ``spaces_between_special_tokens``
 has no effect: ``tokenizers.Tokenizer.decode`` has no such option and is what this matches.
+This is exact for byte-level BPE (all GGUF ``gpt2`` tokenizers). For decoders that drop the
+first token's leading space (metaspace), output after a prompt keeps that space, as vLLM
+does: it is ``decode(prompt tail + output)`` less the prompt tail's text.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """Exact incremental decoding of one request's window, as pure functions over decoded text.
 
 A step appends new ids to the state's window and decodes it, plus the context alone when
-its text length is not known. Text after the context is final except a trailing U+FFFD,
-which may still become a character, so it is withheld until more ids arrive or the
-request finishes. When the pending text is final its ids become the next context.
+its text length is not known. Text after the context is final unless it ends in U+FFFD,
+which may still become a character (see `stable_end`), so that is withheld until more ids
+arrive or the request finishes. When the pending text is final its ids become the next
+context. Too many pending ids (only undecodable output does that) are cut at a verified
+sync point (`rebase_point`), which keeps the window bounded.
 
 Exactness needs windows to start and contexts to end where decoding is in sync with the
 decode of the whole output. For byte-level BPE (decode is lossy UTF-8 of the concatenated
 token bytes) any point where the text so far ends in a complete character is such a point,
 and there decode is *concatenative*: the next context's text length is known without
-decoding it again. Other decoders are handled like vLLM: the context is re-decoded.
+decoding it again. Other decoders are handled like vLLM: the context is re-decoded every
+step, and all pending text is withheld while it ends in U+FFFD.
 """
 
 from __future__ import annotations
