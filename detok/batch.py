@@ -64,7 +64,7 @@ def detokenize_batch(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[D
         if error is not None:
             results[n] = DetokResult("", state, error=error)
         elif (new_ids or finished or logprob_ids) and not state.done:
-            queued.append(_queue(n, item, decodes))
+            queued.append(_queue(n, item, decodes, table is not None))
         else:
             results[n] = DetokResult("", state)
     decodes.run(tokenizer)
@@ -115,11 +115,11 @@ def _check(item: DetokItem, vocab_size: int) -> str | None:
     return None
 
 
-def _queue(n: int, item: DetokItem, decodes: Decodes) -> _Queued:
+def _queue(n: int, item: DetokItem, decodes: Decodes, concatenative: bool) -> _Queued:
     """Queue the decodes item ``n`` needs."""
     state = item.state
     window = state.window + tuple(item.new_token_ids)
-    rebase_at = rebase_point(state, window)
+    rebase_at = rebase_point(state, window, concatenative)
     seqs = window_sequences(state, window, rebase_at)
     start = decodes.add(n, state.params.skip_special_tokens, seqs)
     logprobs_start = decodes.add(n, False, [(i,) for i in item.logprob_token_ids]) if item.logprob_token_ids else 0

@@ -5,7 +5,7 @@ its text length is not known. Text after the context is final unless it ends in 
 which may still become a character (see `stable_end`), so that is withheld until more ids
 arrive or the request finishes. When the pending text is final its ids become the next
 context. Too many pending ids (only undecodable output does that) are cut at a verified
-sync point (`rebase_point`), which keeps the window bounded.
+sync point (`rebase_point`), which keeps the window bounded for byte-level BPE.
 
 Exactness needs windows to start and contexts to end where decoding is in sync with the
 decode of the whole output. For byte-level BPE (decode is lossy UTF-8 of the concatenated
@@ -31,9 +31,16 @@ Advance = tuple[str, tuple[int, ...], int, "int | None", int]
 """``(newly final text, window, ctx_len, ctx_chars, pending_sent)`` after a step."""
 
 
-def rebase_point(state: DetokState, window: tuple[int, ...]) -> int | None:
-    """Where to try cutting off old pending ids, when too many are pending."""
-    return len(window) - REBASE_TAIL if len(window) - state.ctx_len > MAX_PENDING else None
+def rebase_point(state: DetokState, window: tuple[int, ...], concatenative: bool) -> int | None:
+    """Where to try cutting off old pending ids, when too many are pending.
+
+    Only for concatenative decoders: elsewhere (byte fallback) halves that concatenate to
+    the whole do not prove a sync point, so, as in vLLM, the window grows while the text
+    ends in U+FFFD.
+    """
+    if concatenative and len(window) - state.ctx_len > MAX_PENDING:
+        return len(window) - REBASE_TAIL
+    return None
 
 
 def window_sequences(state: DetokState, window: tuple[int, ...], rebase_at: int | None) -> list[tuple[int, ...]]:
