@@ -13,9 +13,10 @@ RESULTS_DIR = Path(__file__).parent / "results"
 
 
 def machine_info() -> dict[str, object]:
+    """CPU model, core count, OS, Python, torch and the GPU if there is one."""
     info: dict[str, object] = {
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -23,6 +24,16 @@ def machine_info() -> dict[str, object]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def print_table(rows: list[dict[str, object]]) -> None:

@@ -3,8 +3,18 @@
 Imports only ``tokenizers``, ``sampling.params`` and itself.
 """
 
-from detok.batch import DetokItem, DetokResult, StopHit, detokenize_batch
-from detok.state import DetokState, initial_state
+from detok.api import DetokItem, DetokResult, StopHit
+from detok.batch import detokenize_batch
+from detok.state import DetokParams, DetokState, initial_state
 from detok.token_strings import TokenString
 
-__all__ = ["DetokItem", "DetokResult", "DetokState", "StopHit", "TokenString", "detokenize_batch", "initial_state"]
+__all__ = [
+    "DetokItem",
+    "DetokParams",
+    "DetokResult",
+    "DetokState",
+    "StopHit",
+    "TokenString",
+    "detokenize_batch",
+    "initial_state",
+]

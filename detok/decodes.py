@@ -2,51 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
 
 class Decodes:
-    """Id sequences to decode, grouped by ``skip_special_tokens``, each owned by a request key.
+    """Id sequences to decode, grouped by ``skip_special_tokens``, each added by an owner (a request).
 
-    `run` makes one tokenizer call per flag used; if a call fails, the group is retried one
-    owner at a time so that a bad owner fails alone (its key lands in ``failed``).
+    `run` makes one tokenizer call per flag used; if a call fails, that group is retried one
+    owner at a time so that only an owner whose ids make the tokenizer fail lands in ``failed``.
     """
 
     def __init__(self) -> None:
-        self._groups: dict[bool, list[tuple[Hashable, list[list[int]]]]] = {}
-        self.failed: dict[Hashable, str] = {}
+        self._seqs: dict[bool, list[Sequence[int]]] = {True: [], False: []}
+        self._owners: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
+        self.texts: dict[bool, list[str]] = {}
+        self.failed: dict[int, str] = {}
 
-    def add(self, key: Hashable, skip_special_tokens: bool, sequences: list[list[int]]) -> None:
-        """Queue ``sequences`` for ``key``; `run` returns their texts under that key."""
-        self._groups.setdefault(skip_special_tokens, []).append((key, sequences))
+    def add(self, owner: int, skip_special_tokens: bool, sequences: Sequence[Sequence[int]]) -> int:
+        """Queue ``sequences``; after `run` their decodes are ``texts[skip][start:start + len]``."""
+        seqs = self._seqs[skip_special_tokens]
+        start = len(seqs)
+        seqs.extend(sequences)
+        self._owners[skip_special_tokens].append((owner, start, len(sequences)))
+        return start
 
-    def run(self, tokenizer: Tokenizer) -> dict[Hashable, list[str]]:
-        """Decode everything queued; failed owners are absent from the result."""
-        out: dict[Hashable, list[str]] = {}
-        for skip, owners in self._groups.items():
-            flat = [seq for _, seqs in owners for seq in seqs]
-            try:
-                texts = tokenizer.decode_batch(flat, skip_special_tokens=skip)
-            except Exception:  # noqa: BLE001 - isolate whichever owner made the tokenizer fail
-                self._run_one_by_one(tokenizer, skip, owners, out)
+    def run(self, tokenizer: Tokenizer) -> None:
+        """Decode everything queued."""
+        for skip, seqs in self._seqs.items():
+            if not seqs:
                 continue
-            _spread(owners, texts, out)
-        return out
-
-    def _run_one_by_one(
-        self, tokenizer: Tokenizer, skip: bool, owners: Sequence[tuple[Hashable, list[list[int]]]], out: dict
-    ) -> None:
-        for key, seqs in owners:
             try:
-                out[key] = tokenizer.decode_batch(seqs, skip_special_tokens=skip)
-            except Exception as exc:  # noqa: BLE001 - reported as this request's error
-                self.failed[key] = f"tokenizer error: {exc}"
+                self.texts[skip] = tokenizer.decode_batch(seqs, skip_special_tokens=skip)
+            except Exception:  # noqa: BLE001 - find which owner made the tokenizer fail
+                self.texts[skip] = self._one_by_one(tokenizer, skip)
 
-
-def _spread(owners: Sequence[tuple[Hashable, list[list[int]]]], texts: list[str], out: dict) -> None:
-    pos = 0
-    for key, seqs in owners:
-        out[key] = texts[pos : pos + len(seqs)]
-        pos += len(seqs)
+    def _one_by_one(self, tokenizer: Tokenizer, skip: bool) -> list[str]:
+        texts: list[str] = []
+        for owner, start, count in self._owners[skip]:
+            try:
+                texts += tokenizer.decode_batch(self._seqs[skip][start : start + count], skip_special_tokens=skip)
+            except Exception as exc:  # noqa: BLE001 - reported as this owner's error
+                self.failed[owner] = f"tokenizer error: {exc}"
+                texts += [""] * count
+        return texts

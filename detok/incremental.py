@@ -1,89 +1,107 @@
 """Exact incremental decoding of one request's window, as pure functions over decoded text.
 
-A step appends new ids to the state's window and needs two decodes: the context ids
-alone and the whole window (plus two more when the pending ids are rebased). Text after
-the context is final except a trailing U+FFFD, which may still become a character, so
-it is withheld until the next id arrives or the request finishes.
+A step appends new ids to the state's window and decodes it, plus the context alone when
+its text length is not known. Text after the context is final unless it ends in U+FFFD,
+which may still become a character (see `stable_end`), so that is withheld until more ids
+arrive or the request finishes. When the pending text is final its ids become the next
+context. Too many pending ids (only undecodable output does that) are cut at a verified
+sync point (`rebase_point`), which keeps the window bounded for byte-level BPE.
 
-Exactness relies on the decoder being concatenative at character boundaries, which holds
-for byte-level BPE (decode is lossy UTF-8 of the concatenated token bytes): the window
-always starts at or before, and the context ends at, a point where decoding is in sync
-with the full output's decode.
+Exactness needs windows to start and contexts to end where decoding is in sync with the
+decode of the whole output. For byte-level BPE (decode is lossy UTF-8 of the concatenated
+token bytes) any point where the text so far ends in a complete character is such a point,
+and there decode is *concatenative*: the next context's text length is known without
+decoding it again. Other decoders are handled like vLLM: the context is re-decoded every
+step, and all pending text is withheld while it ends in U+FFFD.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from detok.state import CONTEXT_TOKENS, REPLACEMENT, DetokState
 
 MAX_PENDING = 32
-"""Pending ids beyond which the step looks for a sync point to drop older ones."""
+"""Pending ids beyond which a step looks for a sync point to drop older ones."""
 
 REBASE_TAIL = 4
-"""Ids left pending after a rebase; a split character spans at most four bytes."""
+"""Ids left pending by a rebase; a split character spans at most four bytes."""
+
+Advance = tuple[str, tuple[int, ...], int, "int | None", int]
+"""``(newly final text, window, ctx_len, ctx_chars, pending_sent)`` after a step."""
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """A window with new ids appended, before decoding."""
+def rebase_point(state: DetokState, window: tuple[int, ...], concatenative: bool) -> int | None:
+    """Where to try cutting off old pending ids, when too many are pending.
 
-    window: tuple[int, ...]
-    ctx_len: int
-    pending_sent: int
-    rebase_at: int | None
-
-    def sequences(self) -> list[list[int]]:
-        """Id sequences to decode: context, window, and for a rebase both sides of the cut."""
-        seqs = [list(self.window[: self.ctx_len]), list(self.window)]
-        if self.rebase_at is not None:
-            seqs += [list(self.window[: self.rebase_at]), list(self.window[self.rebase_at :])]
-        return seqs
+    Only for concatenative decoders: elsewhere (byte fallback) halves that concatenate to
+    the whole do not prove a sync point, so, as in vLLM, the window grows while the text
+    ends in U+FFFD.
+    """
+    if concatenative and len(window) - state.ctx_len > MAX_PENDING:
+        return len(window) - REBASE_TAIL
+    return None
 
 
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """What decoding a step yields: new final text and the next window."""
-
-    text: str
-    window: tuple[int, ...]
-    ctx_len: int
-    pending_sent: int
-
-
-def plan_step(state: DetokState, new_ids: Sequence[int]) -> Step:
-    """Append ``new_ids`` to the state's window; ask for a rebase when too many are pending."""
-    window = state.window + tuple(new_ids)
-    pending = len(window) - state.ctx_len
-    rebase_at = len(window) - REBASE_TAIL if pending > MAX_PENDING else None
-    return Step(window, state.ctx_len, state.pending_sent, rebase_at)
+def window_sequences(state: DetokState, window: tuple[int, ...], rebase_at: int | None) -> list[tuple[int, ...]]:
+    """Id sequences to decode: the window, the context if its length is unknown, both sides of a rebase cut."""
+    seqs = [window]
+    if state.ctx_chars is None:
+        seqs.append(window[: state.ctx_len])
+    if rebase_at is not None:
+        seqs += [window[:rebase_at], window[rebase_at:]]
+    return seqs
 
 
-def stable_end(context_chars: int, text: str, final: bool) -> int:
+def context_chars(state: DetokState, texts: Sequence[str]) -> int:
+    """Length of the context's text, given the decodes of `window_sequences`."""
+    return len(texts[1]) if state.ctx_chars is None else state.ctx_chars
+
+
+def stable_end(ctx_chars: int, text: str, final: bool, concatenative: bool) -> int:
     """Length of the prefix of ``text`` that can no longer change.
 
-    Only a U+FFFD after the context, at the very end, may still turn into a character.
+    Text after the context ending in U+FFFD may still change: for lossy UTF-8 only that last
+    U+FFFD (an incomplete character is one U+FFFD); for other decoders, such as byte
+    fallback (one U+FFFD per byte until the character completes), all of it, as in vLLM.
     """
-    if not final and len(text) > context_chars and text.endswith(REPLACEMENT):
-        return len(text) - 1
+    if not final and len(text) > ctx_chars and text[-1] == REPLACEMENT:
+        return len(text) - 1 if concatenative else ctx_chars
     return len(text)
 
 
-def finish_step(step: Step, texts: Sequence[str], final: bool) -> Advance:
-    """Turn the decodes of ``step.sequences()`` into new text and the next window."""
-    context_chars, text = len(texts[0]), texts[1]
-    start = context_chars + step.pending_sent
-    end = max(stable_end(context_chars, text, final), start)
-    new_text = text[start:end]
+def advance(
+    state: DetokState,
+    window: tuple[int, ...],
+    rebase_at: int | None,
+    texts: Sequence[str],
+    final: bool,
+    concatenative: bool,
+) -> Advance:
+    """Turn the decodes of `window_sequences` into newly final text and the next window."""
+    text = texts[0]
+    ctx_chars = context_chars(state, texts)
+    start = ctx_chars + state.pending_sent
+    end = max(stable_end(ctx_chars, text, final, concatenative), start)
     if end == len(text):
-        window = step.window[-CONTEXT_TOKENS:]
-        return Advance(new_text, window, len(window), 0)
-    if step.rebase_at is not None and _in_sync(texts[2], texts[3], text):
-        cut = step.rebase_at
-        keep_from = max(0, cut - CONTEXT_TOKENS)
-        return Advance(new_text, step.window[keep_from:], cut - keep_from, end - len(texts[2]))
-    return Advance(new_text, step.window, step.ctx_len, end - context_chars)
+        return _settle(state, window, text[start:], len(text) - ctx_chars, ctx_chars, concatenative)
+    if rebase_at is not None and _in_sync(texts[-2], texts[-1], text):
+        keep_from = max(0, rebase_at - CONTEXT_TOKENS)
+        return text[start:end], window[keep_from:], rebase_at - keep_from, None, end - len(texts[-2])
+    return text[start:end], window, state.ctx_len, ctx_chars, end - ctx_chars
+
+
+def _settle(
+    state: DetokState, window: tuple[int, ...], new_text: str, pending_chars: int, ctx_chars: int, concatenative: bool
+) -> Advance:
+    """All text is final: the pending ids (or, if many, the last few) become the context."""
+    pending = window[state.ctx_len :]
+    if not pending:
+        return new_text, window, state.ctx_len, ctx_chars, 0
+    if concatenative and len(pending) <= CONTEXT_TOKENS:
+        return new_text, pending, len(pending), pending_chars, 0
+    context = window[-CONTEXT_TOKENS:]
+    return new_text, context, len(context), None, 0
 
 
 def _in_sync(before: str, after: str, whole: str) -> bool:

@@ -46,3 +46,15 @@ def split(ids: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
         chunks.append(list(ids[pos : pos + size]))
         pos, n = pos + size, n + 1
     return chunks
+
+
+class HiddenDecoder:
+    """The real tokenizer with its decoder type hidden, which forces detok's generic path."""
+
+    decoder = None
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from streaming import split, stream
+from streaming import HiddenDecoder, split, stream
 from tokenizers import Tokenizer
 
 from detok import DetokItem, DetokState, TokenString, detokenize_batch, initial_state
@@ -31,18 +31,11 @@ def test_bad_ids_fail_only_their_item(tokenizer: Tokenizer, fresh: DetokState) -
     assert [r.error is None for r in results] == [True, False, False, False, False, True]
     assert results[0].text == results[5].text == " fin"  # "e" held back for the 2-char stop
     assert all(r.state is fresh and r.text == "" for r in results[1:5])
-    assert "-1" in results[1].error and "49152" in results[2].error
+    assert "-1" in results[1].error and "49152" in results[2].error and "not an int" in results[3].error
 
 
-class ExplodingTokenizer:
-    """Delegates to the real tokenizer but fails to decode any sequence holding id 42."""
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self._inner = inner
-        self.decoder = inner.decoder
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+class ExplodingTokenizer(HiddenDecoder):
+    """Fails to decode any sequence holding id 42 (its hidden decoder makes every item decode)."""
 
     def decode_batch(self, seqs, skip_special_tokens=True):
         if any(42 in s for s in seqs):
@@ -51,7 +44,8 @@ class ExplodingTokenizer:
 
 
 def test_tokenizer_error_fails_only_its_item(tokenizer: Tokenizer, fresh: DetokState) -> None:
-    results = detokenize_batch(ExplodingTokenizer(tokenizer), [DetokItem(fresh, [42]), DetokItem(fresh, [70], finished=True)])
+    items = [DetokItem(fresh, [42]), DetokItem(fresh, [70], finished=True)]
+    results = detokenize_batch(ExplodingTokenizer(tokenizer), items)
     assert "boom" in results[0].error and results[0].state is fresh
     assert results[1].error is None and results[1].text == "V"
 
@@ -102,3 +96,13 @@ def test_logprob_token_strings_have_exact_bytes(tokenizer: Tokenizer, fresh: Det
     )
     assert b"".join(s.bytes for s in result.token_strings[:2]).decode() == " 😀"
     assert result.text == ""  # the partial character is held back
+
+
+def test_stopped_request_ignores_a_later_finish(tokenizer: Tokenizer) -> None:
+    """A stop hit with an unfinished character pending must not flush it on a later finish call."""
+    ids = tokenizer.encode("ab STOP 😀").ids  # the emoji splits across two ids
+    state = initial_state(tokenizer, [], SamplingParams(stop=["STOP"]))
+    (stopped,) = detokenize_batch(tokenizer, [DetokItem(state, ids[:-1])])
+    assert stopped.stop is not None and stopped.text == "ab "
+    (later,) = detokenize_batch(tokenizer, [DetokItem(stopped.state, [], finished=True)])
+    assert later.text == "" and later.error is None and later.state is stopped.state

