@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
-from detok.batch import DetokItem, DetokResult, detokenize_batch
+from detok import DetokItem, DetokResult, detokenize_batch
 from engine.loader.checkpoint import load_tokenizer
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from deployments.output_router import OutputRouter
 from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
-from detok.state import initial_state
+from detok import initial_state
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
 

@@ -10,7 +10,7 @@ from deployments.detok_pool import DetokClient
 from deployments.errors import APIError
 from deployments.metrics import IngressMetrics
 from deployments.streams import ChoiceStream
-from detok.batch import DetokItem, DetokResult
+from detok import DetokItem, DetokResult
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)

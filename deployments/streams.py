@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deployments.errors import APIError
-from detok.state import DetokState
+from detok import DetokState
 
 
 @dataclass
