@@ -100,11 +100,16 @@ class EngineCore:
             return outputs
         for request in step.admitted:
             self.runner.add_request(request, self.tokenizer.encode)
-        sampled_ids = self.runner.execute(step)
+        sampled_ids, logprobs = self.runner.execute(step)
         for request, chunk in zip(step.requests, step.chunks):
             request.num_computed_tokens += chunk.num_tokens
-        for request, token_id in zip(step.sampled, sampled_ids):
-            outputs.append(self._append_token(request, token_id))
+        for index, (request, token_id) in enumerate(zip(step.sampled, sampled_ids)):
+            output = self._append_token(request, token_id)
+            if logprobs is not None and request.params.logprobs is not None:
+                entry = logprobs[index]
+                num_top = request.params.logprobs
+                output.logprobs = [entry._replace(top_token_ids=entry.top_token_ids[:num_top], top_logprobs=entry.top_logprobs[:num_top])]
+            outputs.append(output)
         self.num_generated_tokens += len(sampled_ids)
         return outputs
 

@@ -12,7 +12,7 @@ from engine.kv_cache import KVCache
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
-from engine.request import Request
+from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
 from sampling.sampler import Sampler
@@ -30,21 +30,24 @@ def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 
 class HostTransfer:
-    """The step's one device-to-host copy: into a pinned buffer, waited on with a CUDA event."""
+    """The step's device-to-host copies, into pinned buffers, waited on with one CUDA event
+    (not a device-wide sync, not ``.tolist()`` on a device tensor)."""
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.device = device
-        self.buffer = torch.empty(capacity, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.event = torch.cuda.Event() if device.type == "cuda" else None
+    def __init__(self, device: torch.device) -> None:
+        self.pinned = device.type == "cuda"
+        self.event = torch.cuda.Event() if self.pinned else None
 
-    def to_host(self, values: torch.Tensor) -> list[int]:
-        """values: [n] int64 on the device -> Python ints, waiting only for this copy."""
-        count = values.shape[0]
-        self.buffer[:count].copy_(values, non_blocking=self.event is not None)
+    def to_host(self, *values: torch.Tensor) -> list[list]:
+        """Device tensors -> nested Python lists, after a single wait."""
+        host = []
+        for value in values:
+            buffer = torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pinned)
+            buffer.copy_(value, non_blocking=self.pinned)
+            host.append(buffer)
         if self.event is not None:
             self.event.record()
             self.event.synchronize()
-        return self.buffer[:count].tolist()
+        return [buffer.tolist() for buffer in host]
 
 
 class ModelRunner:
@@ -60,22 +63,30 @@ class ModelRunner:
             config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids
         )
         self.sampler = Sampler()
-        self.host_transfer = HostTransfer(config.max_num_seqs, self.device)
+        self.host_transfer = HostTransfer(self.device)
         logger.info("model on %s as %s", self.device, self.dtype)
 
     @torch.inference_mode()
-    def execute(self, step: ScheduledStep) -> list[int]:
-        """Run the step; returns one sampled token id per ``step.sampled`` request, in order."""
+    def execute(self, step: ScheduledStep) -> tuple[list[int], list[TokenLogprobs] | None]:
+        """Run the step: one sampled token id per ``step.sampled`` request, in order, and
+        their logprobs (top-N at the largest N asked in the batch) when any row asks."""
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         meta = build_attention_metadata(step.chunks, self.device)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         if not step.sampled:
-            return []
+            return [], None
         logits_indices = torch.tensor(step.logits_indices, dtype=torch.int64).to(self.device, non_blocking=True)
         rows = torch.tensor([r.slot for r in step.sampled], dtype=torch.int64).to(self.device, non_blocking=True)
         logits = self.model.compute_logits(hidden[logits_indices])
         output = self.sampler(logits, rows, self.sampling_batch)
-        return self.host_transfer.to_host(output.sampled_token_ids)
+        if output.logprobs is None:
+            (sampled,) = self.host_transfer.to_host(output.sampled_token_ids)
+            return sampled, None
+        lp = output.logprobs
+        sampled, logprobs, ranks, top_ids, top_logprobs = self.host_transfer.to_host(
+            output.sampled_token_ids, lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs
+        )
+        return sampled, [TokenLogprobs(*entry) for entry in zip(logprobs, ranks, top_ids, top_logprobs)]
 
     def add_request(self, request: Request, encode: Callable[[str], list[int]]) -> None:
         assert request.slot is not None

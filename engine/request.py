@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from sampling.params import SamplingParams
 
@@ -36,6 +37,15 @@ class Request:
         return self.prompt_token_ids[start:end] + self.output_token_ids[: max(end - num_prompt, 0)]
 
 
+class TokenLogprobs(NamedTuple):
+    """A generated token's logprob and rank, and the request's top-N alternatives."""
+
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
 @dataclass
 class EngineOutput:
     """New tokens of one request from one step; ``finish_reason`` set on its last output.
@@ -48,6 +58,8 @@ class EngineOutput:
     num_prompt_tokens: int
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    """One entry per new token when the request asked for logprobs."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
