@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import SERVER_FULL, NewRequest
 from deployments.errors import APIError
+from deployments.logprobs import LogprobEntry
 from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter
 from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
@@ -115,6 +116,7 @@ class Generation:
         completion_tokens, unfinished = 0, len(submission.streams)
         first, last = True, 0.0
         try:
+            offsets = [len(text) for text in submission.echo_texts]
             if fmt.chat or any(submission.echo_texts):
                 yield sse(fmt.chunk([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)]))
             while unfinished:
@@ -125,7 +127,11 @@ class Generation:
                 first, last = False, now
                 completion_tokens += new_tokens
                 unfinished -= sum(1 for d in deltas.values() if d.finish_reason is not None)
-                yield sse(fmt.chunk([fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason) for i, d in sorted(deltas.items())]))
+                choices = []
+                for i, d in sorted(deltas.items()):
+                    choices.append(fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason, fmt.logprobs(d.logprobs, offsets[i])))
+                    offsets[i] += len(d.text)
+                yield sse(fmt.chunk(choices))
             if include_usage:
                 yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
         except APIError as error:
@@ -139,6 +145,7 @@ class Generation:
         """The whole response body once every choice finished."""
         fmt = submission.format
         texts = list(submission.echo_texts)
+        logprobs: list[list[LogprobEntry] | None] = [None] * len(texts)
         finish: dict[int, tuple[str | None, int | str | None]] = {}
         completion_tokens = 0
         try:
@@ -147,13 +154,18 @@ class Generation:
                     if completion_tokens == 0:
                         self.metrics.ttft.observe(time.perf_counter() - submission.arrived)
                     texts[index] += delta.text
+                    if delta.logprobs is not None:
+                        logprobs[index] = (logprobs[index] or []) + delta.logprobs
                     completion_tokens += len(delta.token_ids)
                     if delta.finish_reason is not None:
                         finish[index] = (delta.finish_reason, delta.stop_reason)
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        choices = [fmt.full_choice(i, texts[i], *finish[i]) for i in range(len(submission.streams))]
+        choices = [
+            fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i])))
+            for i in range(len(submission.streams))
+        ]
         return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from deployments.detok_pool import DetokClient
 from deployments.errors import APIError
+from deployments.logprobs import logprob_entries, logprob_token_ids
 from deployments.metrics import IngressMetrics
 from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
@@ -76,7 +77,10 @@ class OutputRouter:
         live = [(self.streams[o.request_id], o) for o in outputs if o.request_id in self.streams and not self.streams[o.request_id].finished]
         if not live:
             return
-        items = [DetokItem(s.detok_state, o.new_token_ids, finished=o.finish_reason is not None) for s, o in live]
+        items = [
+            DetokItem(s.detok_state, o.new_token_ids, o.finish_reason is not None, logprob_token_ids(o.new_token_ids, o.logprobs or []))
+            for s, o in live
+        ]
         self.metrics.detok_batch.observe(len(items))
         results = await self.detok.detokenize(items)
         for (stream, output), result in zip(live, results):
@@ -92,14 +96,16 @@ class OutputRouter:
             if output.finish_reason is None:
                 self.abort(stream.engine_index, stream.request_id)
             return
+        logprobs = logprob_entries(output.logprobs, result.token_strings) if output.logprobs is not None else None
         if result.stop is not None:
             stream.finished = True
-            token_ids = list(output.new_token_ids[: result.stop.keep_tokens])
-            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop)
+            keep = result.stop.keep_tokens
+            token_ids = list(output.new_token_ids[:keep])
+            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep])
             if output.finish_reason is None:
                 self.metrics.aborts.inc("stop_string")
                 self.abort(stream.engine_index, stream.request_id)
             return
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
-        stream.mailbox.push(stream.index, result.text, list(output.new_token_ids), finish_reason, output.stop_reason)
+        stream.mailbox.push(stream.index, result.text, list(output.new_token_ids), finish_reason, output.stop_reason, logprobs)

@@ -6,6 +6,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from deployments.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
+
 DONE_FRAME = "data: [DONE]\n\n"
 
 
@@ -38,6 +40,7 @@ class ResponseFormat:
         text: str,
         finish_reason: str | None,
         stop_reason: int | str | None,
+        logprobs: dict[str, object] | None = None,
         role: bool = False,
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
@@ -45,8 +48,13 @@ class ResponseFormat:
             choice["delta"] = {"role": "assistant", "content": text} if role else {"content": text}
         else:
             choice["text"] = text
-        choice |= {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        return choice
+        return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+    def logprobs(self, entries: list[LogprobEntry] | None, text_offset: int) -> dict[str, object] | None:
+        """The choice's ``logprobs`` field for these tokens; ``text_offset`` is where they start in its text."""
+        if entries is None:
+            return None
+        return chat_logprobs(entries) if self.chat else completion_logprobs(entries, text_offset)
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, object]:
         return self.chunk([]) | {"usage": usage}
@@ -54,13 +62,20 @@ class ResponseFormat:
     def full(self, choices: list[dict[str, object]], usage: dict[str, int]) -> dict[str, object]:
         return self._envelope("chat.completion" if self.chat else "text_completion", choices) | {"usage": usage}
 
-    def full_choice(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> dict[str, object]:
+    def full_choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        logprobs: dict[str, object] | None,
+    ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return choice | {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

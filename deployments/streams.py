@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deployments.errors import APIError
+from deployments.logprobs import LogprobEntry
 from detok import DetokState
 
 
@@ -17,6 +18,7 @@ class ChoiceDelta:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: list[LogprobEntry] | None = None
 
 
 class Mailbox:
@@ -27,10 +29,20 @@ class Mailbox:
         self.error: APIError | None = None
         self.ready = asyncio.Event()
 
-    def push(self, index: int, text: str, token_ids: list[int], finish_reason: str | None, stop_reason: int | str | None) -> None:
+    def push(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        logprobs: list[LogprobEntry] | None,
+    ) -> None:
         delta = self.pending.setdefault(index, ChoiceDelta())
         delta.text += text
         delta.token_ids.extend(token_ids)
+        if logprobs is not None:
+            delta.logprobs = (delta.logprobs or []) + logprobs
         delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
         self.ready.set()
 
