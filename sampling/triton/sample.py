@@ -1,0 +1,47 @@
+"""Launch `truncate_and_draw_kernel` for a step (the CUDA default; the torch path is its reference)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from sampling.batch import RowParams
+from sampling.triton.kernels import truncate_and_draw_kernel
+
+MAX_BLOCK_V = 4096
+TILE_ELEMENTS = 8192
+INTERPRETER_TILE_ELEMENTS = 2**20
+"""The interpreter runs programs one after another with numpy, so it gets much larger tiles."""
+
+
+def block_sizes(num_rows: int, vocab_size: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_V): a vocabulary chunk of up to 4096, and as many rows as fit a tile."""
+    tile = INTERPRETER_TILE_ELEMENTS if triton.knobs.runtime.interpret else TILE_ELEMENTS
+    block_v = min(triton.next_power_of_2(vocab_size), MAX_BLOCK_V)
+    block_r = min(triton.next_power_of_2(num_rows), max(1, tile // block_v))
+    return block_r, block_v
+
+
+def triton_sample(
+    scaled: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[str], need_processed: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Truncate (min-p, top-k, top-p) and draw: ([n] int64 ids, processed logits [n, V] or None).
+
+    scaled: [n, V] float32 contiguous, temperature applied; row_keys [n] uint32-in-int64.
+    """
+    scaled = scaled.contiguous()
+    n, vocab = scaled.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=scaled.device)
+    thresholds = torch.empty(n, dtype=torch.float32, device=scaled.device)
+    block_r, block_v = block_sizes(n, vocab)
+    top_k, top_p, min_p = p.top_k.contiguous(), p.top_p.contiguous(), p.min_p.contiguous()
+    truncate_and_draw_kernel[(triton.cdiv(n, block_r),)](
+        scaled, scaled.stride(0), top_k, top_p, min_p, row_keys.contiguous(), tokens, thresholds, n, vocab,
+        HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
+        BLOCK_R=block_r, BLOCK_V=block_v,
+    )  # fmt: skip
+    if not need_processed:
+        return tokens, None
+    weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
+    processed = torch.where(weights >= thresholds[:, None], scaled, torch.full_like(scaled, float("-inf")))
+    return tokens, processed
