@@ -100,11 +100,12 @@ def _bisect(logits_ptr, row_off, row_mask, V, row_max, t, count_target, mass_tar
 
 @triton.jit
 def truncate_and_draw_kernel(
-    logits_ptr, stride, top_k_ptr, top_p_ptr, min_p_ptr, key_ptr, token_ptr, threshold_ptr, n_rows, V,
-    HAS_MIN_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+    logits_ptr, stride, top_k_ptr, top_p_ptr, min_p_ptr, key_ptr, token_ptr, processed_ptr, n_rows, V,
+    HAS_MIN_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, WRITE_PROCESSED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """logits [n, V] (temperature applied) -> token [n] int64 and weight threshold [n] float32."""
+    """logits [n, V] (temperature applied, row stride ``stride``) -> token [n] int64; with
+    WRITE_PROCESSED also the kept logits (-inf elsewhere) into processed [n, V] (same strides)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     row_off = rows.to(tl.int64) * stride
@@ -130,11 +131,16 @@ def truncate_and_draw_kernel(
         token = cols.to(tl.int64)
         h = _fmix32(key[:, None] ^ _fmix32((token * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF)[None, :])
         u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-        score = tl.where((w >= t[:, None]) & (w > 0), w / -tl.log(u), -1.0)
+        keep = (w >= t[:, None]) & (w > 0)
+        score = tl.where(keep, w / -tl.log(u), -1.0)
+        if WRITE_PROCESSED:
+            offsets = row_off[:, None] + cols[None, :]
+            mask = row_mask[:, None] & (cols < V)[None, :]
+            x = tl.load(logits_ptr + offsets, mask=mask, other=float("-inf"))
+            tl.store(processed_ptr + offsets, tl.where(keep, x, float("-inf")), mask=mask)
         block_best = tl.max(score, axis=1)
         block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
         better = block_best > best
         best = tl.where(better, block_best, best)
         best_idx = tl.where(better, block_idx, best_idx)
     tl.store(token_ptr + rows, best_idx, mask=row_mask)
-    tl.store(threshold_ptr + rows, t, mask=row_mask)

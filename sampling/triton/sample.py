@@ -32,16 +32,13 @@ def triton_sample(
     scaled = scaled.contiguous()
     n, vocab = scaled.shape
     tokens = torch.empty(n, dtype=torch.int64, device=scaled.device)
-    thresholds = torch.empty(n, dtype=torch.float32, device=scaled.device)
+    processed = torch.empty_like(scaled) if need_processed else tokens
     block_r, block_v = block_sizes(n, vocab)
     top_k, top_p, min_p = p.top_k.contiguous(), p.top_p.contiguous(), p.min_p.contiguous()
     truncate_and_draw_kernel[(triton.cdiv(n, block_r),)](
-        scaled, scaled.stride(0), top_k, top_p, min_p, row_keys.contiguous(), tokens, thresholds, n, vocab,
+        scaled, scaled.stride(0), top_k, top_p, min_p, row_keys.contiguous(), tokens, processed, n, vocab,
         HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
+        WRITE_PROCESSED=need_processed,
         BLOCK_R=block_r, BLOCK_V=block_v,
     )  # fmt: skip
-    if not need_processed:
-        return tokens, None
-    weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
-    processed = torch.where(weights >= thresholds[:, None], scaled, torch.full_like(scaled, float("-inf")))
-    return tokens, processed
+    return tokens, (processed if need_processed else None)
