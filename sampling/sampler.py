@@ -3,7 +3,7 @@
 Pipeline per step (each stage skipped when no occupied row uses it, decided on the
 host from `SamplingBatch.uses`):
 
-1. float32 copy of the logits; raw logprobs if any row asks and mode is ``raw``
+1. float32 logits (a copy only when masks edit them in place); raw logprobs if any row asks and mode is ``raw``
 2. masks: ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``
 3. penalties (repetition / presence / frequency), DRY
 4. all-greedy batch: argmax and return
@@ -72,7 +72,8 @@ class Sampler:
         logits: [num_rows, vocab] for the rows being sampled this step, in order.
         rows:   [num_rows] int64 indices into ``batch`` (the engine slots), distinct.
         """
-        logits = logits.to(torch.float32, copy=True)
+        in_place_masks = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0
+        logits = logits.to(torch.float32, copy=in_place_masks)  # the caller's logits are never modified
         rows = rows.to(logits.device)
         p = batch.gather(rows)
         want_logprobs = batch.uses["logprobs"] > 0

@@ -105,8 +105,10 @@ def test_batch_sizes(batch_size: int) -> None:
     assert out.shape == (batch_size,)
 
 
-def test_bf16_logits_are_not_modified() -> None:
-    logits = random_logits(4, 32).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("params", [SamplingParams(logit_bias={3: 50.0}, top_p=0.5), SamplingParams(repetition_penalty=1.5)])
+def test_caller_logits_are_not_modified(dtype: torch.dtype, params: SamplingParams) -> None:
+    logits = random_logits(4, 32).to(dtype)
     before = logits.clone()
-    step([SamplingParams(logit_bias={3: 50.0}, top_p=0.5)] * 4, logits)
+    step([params] * 4, logits)
     assert torch.equal(logits, before)
