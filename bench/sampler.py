@@ -86,14 +86,12 @@ def reference_sampler(params: list[SamplingParams], prompts: torch.Tensor, outpu
     def sample(logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
         if use_penalties:
-            vocab = logits.shape[1]
             counts = torch.zeros_like(logits).scatter_add_(1, outputs, torch.ones_like(outputs, dtype=logits.dtype))
             prompt_mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, prompts, True)
             seen = counts > 0
             penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
             logits = torch.where(seen | prompt_mask, penalised, logits)
             logits = logits - freq[:, None] * counts - pres[:, None] * seen.float()
-            del vocab
         argmax = logits.argmax(dim=-1)
         if all_greedy:
             return argmax

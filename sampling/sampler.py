@@ -8,7 +8,7 @@ host from `SamplingBatch.uses`):
 3. penalties (repetition / presence / frequency), DRY
 4. all-greedy batch: argmax and return
 5. temperature (greedy rows divided by 1), truncations, exponential-race draw
-   (Triton kernels on CUDA for min-p / top-k / top-p, the torch path otherwise)
+   (a Triton kernel on CUDA, the torch path otherwise)
 6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
 """
 
@@ -30,7 +30,6 @@ from sampling.ops.truncation import Candidates, apply_truncations, top_candidate
 
 LogprobsMode = Literal["raw", "processed"]
 TRUNCATIONS = ("min_p", "top_k", "top_p", "typical_p", "top_n_sigma", "xtc")
-TRITON_TRUNCATIONS = frozenset({"min_p", "top_k", "top_p"})
 DEFAULT_CANDIDATE_WIDTHS = (256, 4096)
 XTC_COIN_TOKEN = -1
 """The XTC coin is the row's uniform noise at this (out-of-vocabulary) token id."""
@@ -100,7 +99,7 @@ class Sampler:
         """Truncate and draw: ([n] token ids, processed logits [n, V] or None)."""
         stages = frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
         keys = row_keys(p.seed_key, p.has_seed, p.output_pos)
-        if self._triton_enabled(scaled.device) and stages <= TRITON_TRUNCATIONS:
+        if self._triton_enabled(scaled.device):
             from sampling.triton import triton_sample
 
             return triton_sample(scaled, p, keys, stages, need_processed)
@@ -118,15 +117,16 @@ class Sampler:
             return whole_vocab(scaled)
         vocab = scaled.shape[1]
         coin = uniform(keys, torch.tensor([XTC_COIN_TOKEN], device=keys.device)).squeeze(1)
-        widths: list[int] = []
         if batch.uses["unbounded"] == 0:
-            widths = sorted({max(w, batch.max_top_k()) for w in self.candidate_widths} - {vocab})
-        for width in [w for w in widths if w < vocab] + [vocab]:
-            c = top_candidates(scaled, width)
-            covered = apply_truncations(c, p, stages, coin)
-            if width == vocab or bool(covered.all()):
-                return c
-        raise AssertionError("unreachable: the last width is the whole vocabulary")
+            for width in sorted({max(w, batch.max_top_k()) for w in self.candidate_widths}):
+                if width >= vocab:
+                    break
+                c = top_candidates(scaled, width)
+                if bool(apply_truncations(c, p, stages, coin).all()):
+                    return c
+        c = top_candidates(scaled, vocab)
+        apply_truncations(c, p, stages, coin)
+        return c
 
 
 def _apply_masks(logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -10,6 +10,21 @@ from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 
 
+TRUNCATION_CONFIGS: dict[str, dict[str, float]] = {
+    "temperature": dict(temperature=0.8),
+    "top_k": dict(top_k=6),
+    "top_p": dict(top_p=0.7),
+    "top_k_top_p": dict(top_k=10, top_p=0.8),
+    "min_p_temperature": dict(min_p=0.05, temperature=1.5),
+    "typical_p": dict(typical_p=0.6),
+    "top_n_sigma": dict(top_n_sigma=1.0),
+    "xtc": dict(xtc_threshold=0.05, xtc_probability=0.5),
+    "everything": dict(temperature=1.3, min_p=0.01, top_k=20, top_p=0.95, typical_p=0.9, top_n_sigma=2.0,
+                       xtc_threshold=0.08, xtc_probability=0.7),
+}  # fmt: skip
+"""Sampling configurations whose distributions are checked on both paths."""
+
+
 def batch_of(params: list[SamplingParams], vocab: int, prompt: list[int] | None = None, **kwargs) -> SamplingBatch:
     """A CPU batch with one row per params entry, rows 0..n-1."""
     batch = SamplingBatch(len(params), vocab, 64, "cpu", **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_helpers import assert_matches, batch_of, fixed_logits, reference_probs
+from sampling_helpers import TRUNCATION_CONFIGS, assert_matches, batch_of, fixed_logits, reference_probs
 
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -12,18 +12,7 @@ from sampling.sampler import Sampler
 DRAWS = 20_000
 VOCAB = 48
 
-CONFIGS = {
-    "temperature": dict(temperature=0.8),
-    "top_k": dict(top_k=6),
-    "top_p": dict(top_p=0.7),
-    "top_k_top_p": dict(top_k=10, top_p=0.8),
-    "min_p_temperature": dict(min_p=0.05, temperature=1.5),
-    "typical_p": dict(typical_p=0.6),
-    "top_n_sigma": dict(top_n_sigma=1.0),
-    "xtc": dict(xtc_threshold=0.05, xtc_probability=0.5),
-    "everything": dict(temperature=1.3, min_p=0.01, top_k=20, top_p=0.95, typical_p=0.9, top_n_sigma=2.0,
-                       xtc_threshold=0.08, xtc_probability=0.7),
-}  # fmt: skip
+CONFIGS = TRUNCATION_CONFIGS
 
 
 def draw_many(params: SamplingParams, logits: torch.Tensor, sampler: Sampler, prompt: list[int] | None = None) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_helpers import assert_matches, fixed_logits, reference_probs
+from sampling_helpers import TRUNCATION_CONFIGS, assert_matches, fixed_logits, reference_probs
 
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
@@ -14,14 +14,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DRAWS = 20_000
 VOCAB = 48
 
-CONFIGS = {
-    "temperature": dict(temperature=0.8),
-    "top_k": dict(top_k=6),
-    "top_p": dict(top_p=0.7),
-    "top_k_top_p": dict(top_k=10, top_p=0.8),
-    "min_p_temperature": dict(min_p=0.05, temperature=1.5),
-    "min_p_top_k_top_p": dict(min_p=0.02, top_k=12, top_p=0.9, temperature=1.2),
-}
+CONFIGS = {**TRUNCATION_CONFIGS, "min_p_top_k_top_p": dict(min_p=0.02, top_k=12, top_p=0.9, temperature=1.2)}
 
 
 def make_batch(params: list[SamplingParams], vocab: int, prompt: list[int] | None = None) -> SamplingBatch:
@@ -65,7 +58,13 @@ def test_seeded_rows_match_torch_path(vocab: int) -> None:
     """Same hash, same kept set: seeded rows draw the same token on both paths (multi-chunk vocab too)."""
     rows = 64 if vocab > 1000 else 2000
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(7)) * 3
-    params = [SamplingParams(top_k=(i % 7) * 5, top_p=0.5 + (i % 5) / 10, min_p=(i % 3) / 50, seed=i) for i in range(rows)]
+    params = [
+        SamplingParams(
+            top_k=(i % 7) * 5, top_p=0.5 + (i % 5) / 10, min_p=(i % 3) / 50, typical_p=[1.0, 0.9, 0.5][i % 3],
+            top_n_sigma=[-1.0, 1.0, 2.5, 0.5][i % 4], xtc_probability=(i % 2) / 2, xtc_threshold=0.02, seed=i,
+        )
+        for i in range(rows)
+    ]
     ours = sample(params, logits, use_triton=True)
     reference = sample(params, logits, use_triton=False)
     assert (ours == reference).float().mean() > 0.995
