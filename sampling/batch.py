@@ -1,18 +1,94 @@
-"""`SamplingBatch`: the persistent per-row sampling state of the engine's slots."""
+"""`SamplingBatch`: the persistent per-row sampling state of the engine's slots.
+
+Rows are written when requests join or leave, never rebuilt per step. Per step the
+sampler gathers the rows it samples (`gather`) and, after the draw, records the
+sampled ids (`record`), which updates output positions, token counts and the token
+history on the device, without a host round trip.
+
+The host also keeps, per feature, how many occupied rows use it (`uses`), so the
+sampler decides which stages to run without reading device tensors.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from sampling.ops.masks import AllTokensMaskedError
+from sampling.ops.seeded_noise import seed_key
 from sampling.params import SamplingParams
+from sampling.token_entries import Entry, TokenEntries, check_entries_vocab, entries_for
+
+FLOAT_COLUMNS = (
+    "temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability",
+)  # fmt: skip
+INT_COLUMNS = ("top_k", "seed_key", "min_tokens", "dry_allowed_length", "dry_penalty_last_n", "is_greedy", "has_seed")
+MAX_DRY_BREAKER_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """This step's per-row parameters, each [num_rows] on the device (greedy rows have temperature 1)."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    typical_p: torch.Tensor
+    top_n_sigma: torch.Tensor
+    presence_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    repetition_penalty: torch.Tensor
+    dry_multiplier: torch.Tensor
+    dry_base: torch.Tensor
+    xtc_threshold: torch.Tensor
+    xtc_probability: torch.Tensor
+    top_k: torch.Tensor
+    seed_key: torch.Tensor
+    min_tokens: torch.Tensor
+    dry_allowed_length: torch.Tensor
+    dry_penalty_last_n: torch.Tensor
+    is_greedy: torch.Tensor
+    has_seed: torch.Tensor
+    output_pos: torch.Tensor
+
+
+def row_features(params: SamplingParams) -> set[str]:
+    """The pipeline stages a request needs (host side, decided once at join)."""
+    features: set[str] = set()
+    if params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        features.add("penalties")
+    if params.dry_multiplier > 0.0 and params.dry_penalty_last_n != 0:
+        features.add("dry")
+    if params.allowed_token_ids is not None:
+        features.add("allowed")
+    if params.logprobs is not None:
+        features.add("logprobs")
+    if params.is_greedy:
+        return features
+    features.add("random")
+    truncations = {
+        "min_p": params.min_p > 0.0,
+        "top_k": params.top_k > 0,
+        "top_p": params.top_p < 1.0,
+        "typical_p": params.typical_p < 1.0,
+        "top_n_sigma": params.top_n_sigma > 0.0,
+        "xtc": params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5,
+    }
+    features |= {name for name, used in truncations.items() if used}
+    if not (truncations["min_p"] or truncations["top_k"] or truncations["top_p"]):
+        features.add("unbounded")
+    return features
 
 
 class SamplingBatch:
     """Sampling state for up to ``max_num_rows`` requests, one row per engine slot.
 
-    Rows are updated when requests join or leave, never rebuilt per step.
+    eos_token_ids: banned (with ``stop_token_ids``) while a row has fewer than
+    ``min_tokens`` outputs, unless the request sets ``ignore_eos``.
     """
 
     def __init__(
@@ -20,14 +96,40 @@ class SamplingBatch:
         max_num_rows: int,
         vocab_size: int,
         max_model_len: int,
-        device: torch.device,
+        device: torch.device | str,
         eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.max_num_rows = max_num_rows
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.device = device
+        self.device = torch.device(device)
+        self.eos_token_ids = tuple(eos_token_ids)
         self.params: list[SamplingParams | None] = [None] * max_num_rows
+        self.uses: Counter[str] = Counter()
+        self._features: list[set[str]] = [set() for _ in range(max_num_rows)]
+        self._floats = torch.zeros(max_num_rows, len(FLOAT_COLUMNS), dtype=torch.float32, device=self.device)
+        self._ints = torch.zeros(max_num_rows, len(INT_COLUMNS), dtype=torch.int64, device=self.device)
+        self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
+        self.entries = TokenEntries(max_num_rows, self.device)
+        # Lazily allocated when the first row needing them joins: [R, V] or [R, max_model_len].
+        self.prompt_mask: torch.Tensor | None = None
+        self.output_counts: torch.Tensor | None = None
+        self.allowed: torch.Tensor | None = None
+        self.history: torch.Tensor | None = None
+        self.history_len: torch.Tensor | None = None
+        self.dry_breakers: torch.Tensor | None = None
+
+    # ---- host-side summaries -------------------------------------------------------------------
+
+    def max_top_k(self) -> int:
+        """Largest enabled top_k among occupied sampling rows (0 if none)."""
+        return max((p.top_k for p in self.params if p is not None and not p.is_greedy and p.top_k > 0), default=0)
+
+    def max_logprobs(self) -> int:
+        """Largest ``logprobs`` among occupied rows (0 if none asks; check ``uses['logprobs']``)."""
+        return max((p.logprobs for p in self.params if p is not None and p.logprobs), default=0)
+
+    # ---- join / leave ---------------------------------------------------------------------------
 
     def add_request(
         self,
@@ -36,8 +138,127 @@ class SamplingBatch:
         prompt_token_ids: list[int],
         encode: Callable[[str], list[int]] | None = None,
     ) -> None:
-        """Occupy ``row`` with a new request. ``encode`` turns strings (bad words) into token ids."""
+        """Occupy ``row`` with a new request. ``encode`` turns strings (bad words, DRY breakers) into token ids."""
+        params.check_vocab(self.vocab_size)
+        entries = entries_for(params, self.eos_token_ids, encode)
+        check_entries_vocab(entries, self.vocab_size)
+        self._check_not_all_masked(params, entries)
+        if self.params[row] is not None:
+            self.remove_request(row)
+        features = row_features(params)
+        if entries:
+            features.add("token_entries")
+        if any(e.prefix for e in entries):
+            features.add("history")
+            if params.allowed_token_ids is not None:
+                features.add("may_mask_all")
+        if "dry" in features:
+            features.add("history")
         self.params[row] = params
+        self._features[row] = features
+        self.uses.update(features)
+        self._write_columns(row, params)
+        self.entries.set_row(row, entries)
+        self._write_dense_state(row, params, prompt_token_ids, features, encode)
 
     def remove_request(self, row: int) -> None:
+        """Free ``row``; its device rows are overwritten by the next request to join it."""
+        if self.params[row] is None:
+            return
+        self.uses.subtract(self._features[row])
+        self.uses = +self.uses
+        self._features[row] = set()
+        self.entries.set_row(row, [])
         self.params[row] = None
+
+    def _check_not_all_masked(self, params: SamplingParams, entries: list[Entry]) -> None:
+        if params.allowed_token_ids is None:
+            return
+        always_banned = {e.token for e in entries if e.value == float("-inf") and not e.prefix}
+        if set(params.allowed_token_ids) <= always_banned:
+            raise AllTokensMaskedError(
+                "allowed_token_ids: every allowed token is banned by bad_words or by min_tokens (stop/EOS ids)"
+            )
+
+    def _write_columns(self, row: int, params: SamplingParams) -> None:
+        greedy = params.is_greedy
+        floats = [1.0 if greedy and name == "temperature" else float(getattr(params, name)) for name in FLOAT_COLUMNS]
+        ints = {
+            "top_k": max(params.top_k, 0),
+            "seed_key": seed_key(params.seed) if params.seed is not None else 0,
+            "min_tokens": params.min_tokens,
+            "dry_allowed_length": params.dry_allowed_length,
+            "dry_penalty_last_n": params.dry_penalty_last_n,
+            "is_greedy": int(greedy),
+            "has_seed": int(params.seed is not None),
+        }
+        self._floats[row] = torch.tensor(floats, dtype=torch.float32)
+        self._ints[row] = torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64)
+        self.output_pos[row] = 0
+
+    def _write_dense_state(
+        self,
+        row: int,
+        params: SamplingParams,
+        prompt: list[int],
+        features: set[str],
+        encode: Callable[[str], list[int]] | None,
+    ) -> None:
+        R, V, dev = self.max_num_rows, self.vocab_size, self.device
+        prompt_ids = torch.tensor(prompt, dtype=torch.int64, device=dev)
+        if "penalties" in features and self.output_counts is None:
+            self.prompt_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
+            self.output_counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
+        if self.output_counts is not None and self.prompt_mask is not None:
+            self.output_counts[row] = 0
+            self.prompt_mask[row] = False
+            self.prompt_mask[row, prompt_ids] = True
+        if "allowed" in features and self.allowed is None:
+            self.allowed = torch.ones(R, V, dtype=torch.bool, device=dev)
+        if self.allowed is not None:
+            self.allowed[row] = params.allowed_token_ids is None
+            if params.allowed_token_ids is not None:
+                self.allowed[row, torch.tensor(params.allowed_token_ids, device=dev)] = True
+        if "history" in features and self.history is None:
+            self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
+            self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
+            self.dry_breakers = torch.full((R, MAX_DRY_BREAKER_TOKENS), -1, dtype=torch.int64, device=dev)
+        if self.history is not None and self.history_len is not None and self.dry_breakers is not None:
+            n = min(len(prompt), self.max_model_len)
+            self.history[row] = -1
+            self.history[row, :n] = prompt_ids[:n]
+            self.history_len[row] = n
+            self.dry_breakers[row] = torch.tensor(_breaker_tokens(params, encode), dtype=torch.int64)
+
+    # ---- per step -------------------------------------------------------------------------------
+
+    def gather(self, rows: torch.Tensor) -> RowParams:
+        """Per-row parameters of ``rows`` ([n] int64 slot indices), each [n]."""
+        floats = self._floats[rows]
+        ints = self._ints[rows]
+        values = {name: floats[:, i] for i, name in enumerate(FLOAT_COLUMNS)}
+        values |= {name: ints[:, i] for i, name in enumerate(INT_COLUMNS)}
+        values["is_greedy"] = values["is_greedy"].bool()
+        values["has_seed"] = values["has_seed"].bool()
+        return RowParams(**values, output_pos=self.output_pos[rows])
+
+    def record(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Account this step's sampled ``token_ids`` [n] for ``rows`` [n] (distinct slots), on device."""
+        self.output_pos.index_add_(0, rows, torch.ones_like(rows))
+        if self.output_counts is not None:
+            ones = torch.ones_like(token_ids, dtype=self.output_counts.dtype)
+            self.output_counts.index_put_((rows, token_ids), ones, accumulate=True)
+        if self.history is not None and self.history_len is not None:
+            position = self.history_len[rows].clamp(max=self.max_model_len - 1)
+            self.history[rows, position] = token_ids
+            self.history_len.index_put_((rows,), position + 1)
+
+
+def _breaker_tokens(params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[int]:
+    """DRY sequence breakers as a -1 padded list of token ids (every token of every breaker string)."""
+    tokens: list[int] = []
+    if params.dry_multiplier > 0.0 and encode is not None:
+        tokens = sorted({t for s in params.dry_sequence_breakers for t in encode(s)})
+    if len(tokens) > MAX_DRY_BREAKER_TOKENS:
+        raise ValueError(f"dry_sequence_breakers: at most {MAX_DRY_BREAKER_TOKENS} tokens, got {len(tokens)}")
+    return tokens + [-1] * (MAX_DRY_BREAKER_TOKENS - len(tokens))

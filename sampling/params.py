@@ -1,8 +1,13 @@
 """`SamplingParams`: one validated description of how a request is sampled and stopped.
 
 The same class is used by the HTTP API, the engine and the detokenizer. Disabled
-values follow vLLM: ``top_k`` 0 or -1, ``top_p`` 1, ``min_p`` 0, penalties 0
-(presence, frequency) or 1 (repetition).
+values follow vLLM / llama.cpp: ``top_k`` 0 or -1, ``top_p`` 1, ``min_p`` 0,
+``typical_p`` 1, ``top_n_sigma`` <= 0, penalties 0 (presence, frequency) or 1
+(repetition), ``dry_multiplier`` 0, ``xtc_probability`` 0.
+
+Every invalid value raises a pydantic ``ValidationError`` (a ``ValueError``) whose
+message names the field. Token ids can only be checked against a vocabulary, so
+``check_vocab(vocab_size)`` raises `TokenIdOutOfVocabError` naming the field.
 """
 
 from __future__ import annotations
@@ -11,32 +16,38 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 LOGIT_BIAS_LIMIT = 100.0
 MAX_LOGPROBS = 20
+MAX_N = 128
 
 
 class TokenIdOutOfVocabError(ValueError):
     """A token id in the parameters is outside ``[0, vocab_size)``."""
 
 
+def _finite(**kwargs: object) -> object:
+    """A float `Field` that rejects NaN and infinities."""
+    return Field(allow_inf_nan=False, **kwargs)
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    n: int = Field(1, ge=1, le=128)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    typical_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_n_sigma: float = Field(-1.0, description="Keep logits within n standard deviations of the max; <= 0 disables.")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    dry_multiplier: float = Field(0.0, ge=0.0)
-    dry_base: float = Field(1.75, ge=1.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = _finite(default=1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = _finite(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 disables.")
+    min_p: float = _finite(default=0.0, ge=0.0, le=1.0)
+    typical_p: float = _finite(default=1.0, gt=0.0, le=1.0)
+    top_n_sigma: float = _finite(default=-1.0, description="Keep logits within n standard deviations of the max; <= 0 disables.")
+    presence_penalty: float = _finite(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = _finite(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = _finite(default=1.0, gt=0.0)
+    dry_multiplier: float = _finite(default=0.0, ge=0.0)
+    dry_base: float = _finite(default=1.75, ge=1.0)
     dry_allowed_length: int = Field(2, ge=0)
     dry_penalty_last_n: int = Field(-1, ge=-1, description="-1: the whole context; 0: disabled.")
     dry_sequence_breakers: list[str] = Field(default_factory=lambda: ["\n", ":", '"', "*"])
-    xtc_threshold: float = Field(0.1, ge=0.0, le=1.0)
-    xtc_probability: float = Field(0.0, ge=0.0, le=1.0)
+    xtc_threshold: float = _finite(default=0.1, ge=0.0, le=1.0)
+    xtc_probability: float = _finite(default=0.0, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -57,23 +68,26 @@ class SamplingParams(BaseModel):
     def _stop_as_list(cls, value: object) -> object:
         return [value] if isinstance(value, str) else ([] if value is None else value)
 
-    @field_validator("stop")
+    @field_validator("stop", "bad_words", "dry_sequence_breakers")
     @classmethod
-    def _stop_nonempty(cls, value: list[str]) -> list[str]:
+    def _strings_nonempty(cls, value: list[str]) -> list[str]:
         if any(s == "" for s in value):
-            raise ValueError("stop strings must be non-empty")
+            raise ValueError("must not contain empty strings")
         return value
 
     @field_validator("logit_bias")
     @classmethod
     def _clamp_logit_bias(cls, value: dict[int, float]) -> dict[int, float]:
+        for token, bias in value.items():
+            if bias != bias or bias in (float("inf"), float("-inf")):
+                raise ValueError(f"bias for token {token} must be a finite number, got {bias}")
         return {t: max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, b)) for t, b in value.items()}
 
     @field_validator("allowed_token_ids")
     @classmethod
     def _allowed_nonempty(cls, value: list[int] | None) -> list[int] | None:
         if value is not None and not value:
-            raise ValueError("allowed_token_ids must not be empty")
+            raise ValueError("must not be empty (use null to allow every token)")
         return value
 
     @model_validator(mode="after")
@@ -87,7 +101,7 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Raise `TokenIdOutOfVocabError` naming the field if any token id is outside the vocabulary."""
+        """Raise `TokenIdOutOfVocabError` naming the field if any token id is outside ``[0, vocab_size)``."""
         fields: dict[str, list[int]] = {
             "stop_token_ids": self.stop_token_ids,
             "logit_bias": list(self.logit_bias),

@@ -1,0 +1,200 @@
+"""Sampler latency: ours against a sort-based torch reference, on the same logits.
+
+``python -m bench.sampler [--quick] [--device D]`` prints a table and writes
+bench/results/sampler.json with rows {device, batch, vocab, config, ours_ms, reference_ms}.
+
+The reference is what vLLM runs without FlashInfer or its Triton top-k/top-p: penalties
+from per-step bin counts, temperature, min-p, a full sort of the vocabulary for
+top-k/top-p with a cumsum, softmax, and an exponential-race draw with per-row
+generators for seeded rows. Ours is `sampling.Sampler` (including its bookkeeping).
+
+Logits are synthetic but LM-shaped: a Zipf(1.5) profile over a random permutation of
+the vocabulary plus Gaussian noise (most of the mass in the top few dozen tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench.common import print_table, write_results
+from sampling.batch import SamplingBatch
+from sampling.params import SamplingParams
+from sampling.sampler import Sampler
+
+BATCHES = (1, 32, 256)
+VOCABS = (49152, 128256, 151936)
+PROMPT_LEN = 64
+HISTORY = 32
+
+
+def config_params(name: str, row: int) -> SamplingParams:
+    """The request at ``row`` for benchmark configuration ``name``."""
+    if name == "greedy":
+        return SamplingParams(temperature=0.0)
+    if name == "top_p":
+        return SamplingParams(top_p=0.9)
+    if name == "top_k_top_p":
+        return SamplingParams(top_k=50, top_p=0.9)
+    if name == "min_p":
+        return SamplingParams(min_p=0.05)
+    if name == "penalties_top_p":
+        return SamplingParams(top_p=0.9, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+    if name == "mixed_seeded":
+        kinds = [
+            SamplingParams(temperature=0.0),
+            SamplingParams(top_p=0.9, seed=row),
+            SamplingParams(top_k=50, top_p=0.95, temperature=0.8),
+        ]
+        return kinds[row % 3]
+    raise ValueError(name)
+
+
+CONFIGS = ("greedy", "top_p", "top_k_top_p", "min_p", "penalties_top_p", "mixed_seeded")
+
+
+def lm_like_logits(batch: int, vocab: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """[batch, vocab] float32 logits with a Zipf(1.5) profile, shuffled per row, plus N(0, 0.5) noise."""
+    g = torch.Generator().manual_seed(seed)
+    profile = -1.5 * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
+    perm = torch.argsort(torch.rand(batch, vocab, generator=g), dim=-1)
+    logits = profile[perm] + 0.5 * torch.randn(batch, vocab, generator=g)
+    return logits.to(device)
+
+
+def reference_sampler(params: list[SamplingParams], prompts: torch.Tensor, outputs: torch.Tensor) -> Callable:
+    """A sort-based torch pipeline (vLLM's fallback path) for fixed per-row params; returns f(logits) -> ids."""
+    device = prompts.device
+    f32 = dict(dtype=torch.float32, device=device)
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], **f32)
+    greedy = torch.tensor([p.is_greedy for p in params], device=device)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], **f32)
+    min_p = torch.tensor([p.min_p for p in params], **f32)
+    rep = torch.tensor([p.repetition_penalty for p in params], **f32)
+    pres = torch.tensor([p.presence_penalty for p in params], **f32)
+    freq = torch.tensor([p.frequency_penalty for p in params], **f32)
+    generators = {i: torch.Generator(device).manual_seed(p.seed) for i, p in enumerate(params) if p.seed is not None}
+    use_penalties = any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params)
+    use_top_k, use_top_p = bool((top_k > 0).any()), bool((top_p < 1).any())
+    use_min_p, all_greedy = bool((min_p > 0).any()), bool(greedy.all())
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if use_penalties:
+            counts = torch.zeros_like(logits).scatter_add_(1, outputs, torch.ones_like(outputs, dtype=logits.dtype))
+            prompt_mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, prompts, True)
+            seen = counts > 0
+            penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+            logits = torch.where(seen | prompt_mask, penalised, logits)
+            logits = logits - freq[:, None] * counts - pres[:, None] * seen.float()
+        argmax = logits.argmax(dim=-1)
+        if all_greedy:
+            return argmax
+        logits = logits / temperature[:, None]
+        if use_min_p:
+            probs = logits.softmax(dim=-1)
+            logits = logits.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
+        if use_top_k or use_top_p:
+            logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+            if use_top_k:
+                k = torch.where(top_k > 0, top_k, logits.shape[1])
+                kth = logits_sort.gather(1, (logits.shape[1] - k)[:, None])
+                logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
+            if use_top_p:
+                cumulative = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+                mask = cumulative <= 1 - top_p[:, None]
+                mask[:, -1] = False
+                logits_sort.masked_fill_(mask, float("-inf"))
+            logits = logits_sort.scatter(-1, logits_idx, logits_sort)
+        probs = logits.softmax(dim=-1)
+        q = torch.empty_like(probs).exponential_()
+        for i, generator in generators.items():
+            q[i].exponential_(generator=generator)
+        return torch.where(greedy, argmax, probs.div(q).argmax(dim=-1))
+
+    return sample
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, min_reps: int, budget_s: float) -> float:
+    """Fastest wall time of ``fn`` in ms after a warm-up: at least ``min_reps`` runs, more (up to 50)
+    while within ``budget_s``. The minimum, because a shared machine only ever adds time."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - began < budget_s and len(times) < 50):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1000)
+    return min(times)
+
+
+def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, quick: bool) -> dict[str, object]:
+    params = [config_params(config, r) for r in range(batch_size)]
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, vocab, (batch_size, PROMPT_LEN), generator=g).to(device)
+    outputs = torch.randint(0, vocab, (batch_size, HISTORY), generator=g).to(device)
+    batch = SamplingBatch(batch_size, vocab, PROMPT_LEN + HISTORY + 64, device)
+    for r, p in enumerate(params):
+        batch.add_request(r, p, prompts[r].tolist())
+    rows = torch.arange(batch_size, device=device)
+    for t in range(HISTORY):
+        batch.record(rows, outputs[:, t])
+    logits = lm_like_logits(batch_size, vocab, device)
+    sampler = Sampler()
+    reference = reference_sampler(params, prompts, outputs)
+    min_reps, budget_s = (3, 0.2) if quick else (3, 1.0)
+    ours_ms = time_ms(lambda: sampler(logits, rows, batch), device, min_reps, budget_s)
+    reference_ms = time_ms(lambda: reference(logits), device, min_reps, budget_s)
+    return {
+        "device": str(device),
+        "batch": batch_size,
+        "vocab": vocab,
+        "config": config,
+        "ours_ms": round(ours_ms, 3),
+        "reference_ms": round(reference_ms, 3),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="batch 1 and 32, vocab 49152, fewer timed runs (< 1 min)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    batches, vocabs = ((1, 32), (49152,)) if args.quick else (BATCHES, VOCABS)
+    rows = []
+    for vocab in vocabs:
+        for batch_size in batches:
+            for config in CONFIGS:
+                row = bench_one(batch_size, vocab, config, device, args.quick)
+                rows.append(row)
+                speedup = row["reference_ms"] / row["ours_ms"]  # type: ignore[operator]
+                print(f"{config:>16} batch {batch_size:>3} vocab {vocab:>6}: ours {row['ours_ms']:9.2f} ms, "
+                      f"reference {row['reference_ms']:9.2f} ms ({speedup:.1f}x)", flush=True)  # fmt: skip
+    print()
+    print_table([{**r, "speedup": round(r["reference_ms"] / r["ours_ms"], 2)} for r in rows])  # type: ignore[operator]
+    extra = {"device_name": device_name(device), "quick": args.quick, "logits": "Zipf(1.5) profile + N(0, 0.5) noise"}
+    path = write_results("sampler", rows, **extra)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Batched torch operations of the sampler pipeline, one concern per module."""

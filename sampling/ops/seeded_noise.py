@@ -1,0 +1,68 @@
+"""Counter-based noise for the exponential race.
+
+All arithmetic is on uint32 values held in int64 tensors, so torch (CPU, CUDA) and
+the Triton kernels (native uint32) compute bit-identical hashes. The noise of token
+``t`` in a row is ``-log(u)`` with ``u = uniform(fmix32(row_key ^ token_mix(t)))``.
+
+* A seeded row's key is ``fmix32(seed_key ^ fmix32(output_position))``: a function
+  of (seed, output position) only, so its tokens do not depend on the batch.
+* An unseeded row's key is drawn from the device's default generator each step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+TOKEN_SALT = 0x632BE5AB
+UNIFORM_BITS = 23
+"""``u = ((h >> 9) + 0.5) / 2**23`` lies strictly inside (0, 1), so ``-log(u)`` is finite and > 0."""
+
+
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on uint32 values stored in an int64 tensor (any shape)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & MASK32
+    return x ^ (x >> 16)
+
+
+def fmix32_int(x: int) -> int:
+    """`fmix32` on a Python int (host side, for seeds)."""
+    x &= MASK32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & MASK32
+    return x ^ (x >> 16)
+
+
+def seed_key(seed: int) -> int:
+    """Fold a 64-bit (possibly negative) seed into a uint32 key."""
+    s = seed % 2**64
+    return fmix32_int((s & MASK32) ^ fmix32_int((s >> 32) ^ GOLDEN))
+
+
+def token_mix(token_ids: torch.Tensor) -> torch.Tensor:
+    """Per-token-id hash input, any shape int64 -> same shape uint32-in-int64."""
+    return fmix32((token_ids * GOLDEN + TOKEN_SALT) & MASK32)
+
+
+def row_keys(seed_keys: torch.Tensor, has_seed: torch.Tensor, output_pos: torch.Tensor) -> torch.Tensor:
+    """Per-row uint32 keys for this step, all [n]: seeded rows from (seed, position), others random."""
+    seeded = fmix32(seed_keys ^ fmix32(output_pos & MASK32))
+    random = torch.randint(0, 2**32, seeded.shape, dtype=torch.int64, device=seeded.device)
+    return torch.where(has_seed, seeded, random)
+
+
+def uniform(row_key: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """u in (0, 1) float32, [n, K]: row_key [n] (or [n, 1]) against token_ids [n, K] or [K]."""
+    h = fmix32(row_key.view(-1, 1) ^ token_mix(token_ids))
+    return ((h >> (32 - UNIFORM_BITS)).float() + 0.5) * (2.0**-UNIFORM_BITS)
+
+
+def exponential(row_key: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise q > 0, float32 [n, K], a pure function of (row key, token id)."""
+    return -torch.log(uniform(row_key, token_ids))

@@ -1,0 +1,116 @@
+"""Sparse per-token logit edits of each row: ``logit_bias``, ``bad_words``, ``min_tokens`` bans.
+
+Each edit is an entry (row, token, value) with a gate deciding, per step on the device,
+whether it applies: always (logit bias, single-token bad words), while the row has
+fewer than ``min_tokens`` outputs (stop / EOS ids), or when the row's last outputs
+equal the entry's prefix (multi-token bad words: the last token of a bad word is
+banned when the tokens before it were just generated, vLLM semantics; each bad word
+is encoded both as given and with a leading space).
+
+The host keeps entries per row; the flat device table is rebuilt on the next step
+after a join or leave that changed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sampling.params import SamplingParams, TokenIdOutOfVocabError
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Entry:
+    token: int
+    value: float
+    min_tokens: int = 0
+    """Applies only while the row's output count is below this (0: no such gate)."""
+    prefix: tuple[int, ...] = ()
+    """Applies only when the row's last outputs equal this (empty: no such gate)."""
+
+
+def entries_for(
+    params: SamplingParams, eos_token_ids: tuple[int, ...], encode: Callable[[str], list[int]] | None
+) -> list[Entry]:
+    """All logit edits of one request."""
+    entries = [Entry(token, bias) for token, bias in params.logit_bias.items() if bias != 0.0]
+    if params.min_tokens > 0:
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        entries += [Entry(token, NEG_INF, min_tokens=params.min_tokens) for token in sorted(stops)]
+    if params.bad_words:
+        if encode is None:
+            raise ValueError("bad_words: the engine must pass `encode` to tokenize bad words")
+        entries += _bad_word_entries(params.bad_words, encode)
+    return entries
+
+
+def check_entries_vocab(entries: list[Entry], vocab_size: int) -> None:
+    """Bad-word ids come from the engine's tokenizer; reject any outside ``[0, vocab_size)``."""
+    for e in entries:
+        bad = [t for t in (e.token, *e.prefix) if not 0 <= t < vocab_size]
+        if bad:
+            raise TokenIdOutOfVocabError(f"bad_words: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+
+def _bad_word_entries(words: list[str], encode: Callable[[str], list[int]]) -> list[Entry]:
+    sequences = {tuple(encode(variant)) for word in words for variant in (word, " " + word)}
+    return [Entry(seq[-1], NEG_INF, prefix=seq[:-1]) for seq in sorted(sequences) if seq]
+
+
+@dataclass(frozen=True)
+class EntryTable:
+    """Flat device table, E entries: slot/token/min_tokens [E] int64, value [E] f32, prefix [E, P] int64 (-1 pad, right aligned)."""
+
+    slot: torch.Tensor
+    token: torch.Tensor
+    value: torch.Tensor
+    min_tokens: torch.Tensor
+    prefix: torch.Tensor
+    has_min_tokens: bool
+    has_prefix: bool
+
+
+class TokenEntries:
+    """Host lists of entries per row and their lazily rebuilt device table."""
+
+    def __init__(self, max_num_rows: int, device: torch.device) -> None:
+        self.device = device
+        self._rows: list[list[Entry]] = [[] for _ in range(max_num_rows)]
+        self._table: EntryTable | None = None
+        self._dirty = False
+
+    def set_row(self, row: int, entries: list[Entry]) -> None:
+        if entries or self._rows[row]:
+            self._dirty = True
+        self._rows[row] = entries
+
+    def table(self) -> EntryTable | None:
+        """The device table (None when no row has entries)."""
+        if self._dirty:
+            self._table = self._build()
+            self._dirty = False
+        return self._table
+
+    def _build(self) -> EntryTable | None:
+        flat = [(row, e) for row, entries in enumerate(self._rows) for e in entries]
+        if not flat:
+            return None
+        width = max(len(e.prefix) for _, e in flat)
+        prefix = [[-1] * (width - len(e.prefix)) + list(e.prefix) for _, e in flat]
+
+        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        return EntryTable(
+            slot=tensor([row for row, _ in flat], torch.int64),
+            token=tensor([e.token for _, e in flat], torch.int64),
+            value=tensor([e.value for _, e in flat], torch.float32),
+            min_tokens=tensor([e.min_tokens for _, e in flat], torch.int64),
+            prefix=tensor(prefix, torch.int64).view(len(flat), width),
+            has_min_tokens=any(e.min_tokens > 0 for _, e in flat),
+            has_prefix=width > 0,
+        )

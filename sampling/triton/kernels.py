@@ -1,0 +1,257 @@
+"""Sorting-free truncation + draw kernel (all six truncations of `sampling.ops.truncation`).
+
+Each program handles ``BLOCK_R`` rows and loops over the vocabulary in ``BLOCK_V``
+chunks; nothing is sorted. With ``w = exp(logit - max)`` in (0, 1], a token is kept when
+
+    w >= t  and  |log Z - log w - H| <= tau  and  w <= cap
+
+* min-p: ``t = min_p``;
+* top-k: ``t`` = the largest value with ``count(kept) >= k`` (the k-th largest weight);
+* top-p: ``t`` = the largest value with ``mass(kept) >= top_p * mass(kept before)``;
+* typical-p: with Z, H the mass and entropy of the kept set, ``tau`` = the smallest value
+  with ``mass(kept) > typical_p * Z`` (llama.cpp keeps tokens while the mass before them
+  is <= typical_p, in order of the shifted score);
+* top-nσ: ``t = max(t, w_max * exp(-n * std))``, std of the kept tokens' logits;
+* XTC: when the row's coin says so and at least two kept tokens have ``q >= threshold``,
+  ``cap`` = the smallest such weight (all but the least probable removed).
+
+Thresholds are found by bisection on the float32 bit pattern (monotone for
+non-negative floats), each bound snapped to the nearest weight (or score) after a
+pass, until the bounds are adjacent: the result is an exact element value, so the
+kept set equals the sort-based definition, except that ties at a boundary are all
+kept. The draw is the exponential race with the same counter-based hash as
+`sampling.ops.seeded_noise` (uint32 values in int64 arithmetic, bit-identical).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ONE_BITS_PLUS_ONE = tl.constexpr(0x3F800001)  # bits(1.0) + 1: above every weight
+INF_BITS = tl.constexpr(0x7F800000)  # bits(+inf): at or above every score
+
+
+@triton.jit
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _uniform(key, token):
+    """u in (0, 1) float32 from uint32 key [R, 1] or [R] and int64 token ids (broadcast)."""
+    h = _fmix32(key ^ _fmix32((token * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF))
+    return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+@triton.jit
+def _weights(logits_ptr, row_off, row_mask, cols, V, row_max):
+    """[BLOCK_R, BLOCK_V] weights exp(logit - max) of one vocabulary chunk, 0 outside."""
+    mask = row_mask[:, None] & (cols < V)[None, :]
+    x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+    return tl.exp(x - row_max[:, None])
+
+
+@triton.jit
+def _kept(w, t, log_z, entropy, tau, cap):
+    """The keep predicate for a chunk of weights w [R, C]; the rest are [R]."""
+    score = tl.abs(log_z[:, None] - tl.log(w) - entropy[:, None])
+    return (w >= t[:, None]) & (w > 0) & (score <= tau[:, None]) & (w <= cap[:, None])
+
+
+@triton.jit
+def _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        mask = row_mask[:, None] & (cols < V)[None, :]
+        x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+        m = tl.maximum(m, tl.max(x, axis=1))
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+           BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row over kept tokens: count, sum w, sum w log w, sum log w, sum (log w)^2, max w."""
+    count = tl.zeros([BLOCK_R], tl.float32)
+    mass = tl.zeros([BLOCK_R], tl.float32)
+    w_log_w = tl.zeros([BLOCK_R], tl.float32)
+    log_sum = tl.zeros([BLOCK_R], tl.float32)
+    log_sq = tl.zeros([BLOCK_R], tl.float32)
+    w_max = tl.zeros([BLOCK_R], tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
+        keep = _kept(w, t, log_z, entropy, tau, cap)
+        log_w = tl.where(keep, tl.log(w), 0.0)
+        count += tl.sum(keep.to(tl.float32), axis=1)
+        mass += tl.sum(tl.where(keep, w, 0.0), axis=1)
+        w_log_w += tl.sum(tl.where(keep, w * log_w, 0.0), axis=1)
+        log_sum += tl.sum(log_w, axis=1)
+        log_sq += tl.sum(log_w * log_w, axis=1)
+        w_max = tl.maximum(w_max, tl.max(tl.where(keep, w, 0.0), axis=1))
+    return count, mass, w_log_w, log_sum, log_sq, w_max
+
+
+@triton.jit
+def _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap, probe, BY_SCORE: tl.constexpr,
+           BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Split the kept tokens at ``probe`` [R]: by weight (w >= probe) or by score (score <= probe).
+
+    Returns, for the selected side: count, mass and its value nearest the boundary; for
+    the other side: its value nearest the boundary (0 / inf when empty).
+    """
+    count = tl.zeros([BLOCK_R], tl.int32)
+    mass = tl.zeros([BLOCK_R], tl.float32)
+    inner = tl.full([BLOCK_R], float("inf"), tl.float32)
+    outer = tl.zeros([BLOCK_R], tl.float32)
+    if BY_SCORE:
+        inner = tl.zeros([BLOCK_R], tl.float32)
+        outer = tl.full([BLOCK_R], float("inf"), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
+        keep = _kept(w, t, log_z, entropy, tau, cap)
+        if BY_SCORE:
+            value = tl.abs(log_z[:, None] - tl.log(w) - entropy[:, None])
+            selected = keep & (value <= probe[:, None])
+            inner = tl.maximum(inner, tl.max(tl.where(selected, value, 0.0), axis=1))
+            outer = tl.minimum(outer, tl.min(tl.where(keep & ~selected, value, float("inf")), axis=1))
+        else:
+            selected = keep & (w >= probe[:, None])
+            inner = tl.minimum(inner, tl.min(tl.where(selected, w, float("inf")), axis=1))
+            outer = tl.maximum(outer, tl.max(tl.where(keep & ~selected, w, 0.0), axis=1))
+        count += tl.sum(selected.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(selected, w, 0.0), axis=1)
+    return count, mass, inner, outer
+
+
+@triton.jit
+def _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                              count_target, mass_target, BY_MASS: tl.constexpr,
+                              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Largest weight threshold >= t whose kept count (or mass) still reaches the target.
+
+    Invariant: the condition holds at ``lo`` and fails at ``hi`` (float32 bits); about
+    log2(distinct weights) passes, at most 31.
+    """
+    lo = t.to(tl.int32, bitcast=True)
+    hi = tl.full([BLOCK_R], ONE_BITS_PLUS_ONE, tl.int32)
+    while tl.max(hi - lo, axis=0) > 1:
+        mid = lo + (hi - lo) // 2
+        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                           mid.to(tl.float32, bitcast=True), False, BLOCK_R, BLOCK_V)  # fmt: skip
+        if BY_MASS:
+            ok = mass >= mass_target
+        else:
+            ok = count >= count_target
+        snapped = tl.where(count > 0, inner.to(tl.int32, bitcast=True), mid)
+        lo = tl.where(ok, tl.minimum(tl.maximum(snapped, mid), hi - 1), lo)
+        hi = tl.where(ok, hi, tl.maximum(outer.to(tl.int32, bitcast=True) + 1, lo + 1))
+    return lo.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, cap, mass_target,
+                              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Smallest score threshold whose kept mass (score <= tau) exceeds the target.
+
+    Invariant: the condition fails at ``lo`` and holds at ``hi`` (float32 bits, scores >= 0).
+    """
+    lo = tl.full([BLOCK_R], -1, tl.int32)
+    hi = tl.full([BLOCK_R], INF_BITS, tl.int32)
+    no_cap = tl.full([BLOCK_R], float("inf"), tl.float32)
+    while tl.max(hi - lo, axis=0) > 1:
+        mid = lo + (hi - lo) // 2
+        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, no_cap, cap,
+                                           mid.to(tl.float32, bitcast=True), True, BLOCK_R, BLOCK_V)  # fmt: skip
+        ok = mass > mass_target
+        hi = tl.where(ok, tl.maximum(tl.minimum(inner.to(tl.int32, bitcast=True), mid), lo + 1), hi)
+        lo = tl.where(ok, lo, tl.minimum(outer.to(tl.int32, bitcast=True) - 1, hi - 1))
+    return hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def truncate_and_draw_kernel(
+    logits_ptr, stride, min_p_ptr, top_k_ptr, top_p_ptr, typical_p_ptr, n_sigma_ptr, xtc_threshold_ptr,
+    xtc_probability_ptr, key_ptr, token_ptr, processed_ptr, n_rows, V,
+    HAS_MIN_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_TYPICAL_P: tl.constexpr,
+    HAS_TOP_N_SIGMA: tl.constexpr, HAS_XTC: tl.constexpr, WRITE_PROCESSED: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """logits [n, V] (temperature applied, row stride ``stride``) -> token [n] int64; with
+    WRITE_PROCESSED also the kept logits (-inf elsewhere) into processed [n, V] (same strides)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < n_rows
+    row_off = rows.to(tl.int64) * stride
+    row_max = _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R, BLOCK_V)
+    key = tl.load(key_ptr + rows, mask=row_mask, other=0)
+    t = tl.zeros([BLOCK_R], tl.float32)
+    log_z = tl.zeros([BLOCK_R], tl.float32)
+    entropy = tl.zeros([BLOCK_R], tl.float32)
+    tau = tl.full([BLOCK_R], float("inf"), tl.float32)
+    cap = tl.full([BLOCK_R], float("inf"), tl.float32)
+    if HAS_MIN_P:
+        t = tl.maximum(t, tl.load(min_p_ptr + rows, mask=row_mask, other=0.0))
+    if HAS_TOP_K:
+        k = tl.load(top_k_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+        t_k = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                        k, 0.0, False, BLOCK_R, BLOCK_V)  # fmt: skip
+        t = tl.where(k > 0, t_k, t)
+    if HAS_TOP_P:
+        top_p = tl.load(top_p_ptr + rows, mask=row_mask, other=1.0)
+        _, total, _, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                      BLOCK_R, BLOCK_V)  # fmt: skip
+        t_p = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                        0, top_p * total, True, BLOCK_R, BLOCK_V)  # fmt: skip
+        t = tl.where(top_p < 1.0, t_p, t)
+    if HAS_TYPICAL_P:
+        typical_p = tl.load(typical_p_ptr + rows, mask=row_mask, other=1.0)
+        _, z, w_log_w, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                        BLOCK_R, BLOCK_V)  # fmt: skip
+        log_z = tl.log(z)
+        entropy = log_z - w_log_w / z
+        tau_p = _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, cap,
+                                          typical_p * z, BLOCK_R, BLOCK_V)  # fmt: skip
+        tau = tl.where(typical_p < 1.0, tau_p, tau)
+    if HAS_TOP_N_SIGMA:
+        n_sigma = tl.load(n_sigma_ptr + rows, mask=row_mask, other=0.0)
+        count, _, _, log_sum, log_sq, w_max = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy,
+                                                     tau, cap, BLOCK_R, BLOCK_V)  # fmt: skip
+        mean = log_sum / count
+        std = tl.sqrt(tl.maximum(log_sq / count - mean * mean, 0.0))
+        t = tl.where(n_sigma > 0, tl.maximum(t, w_max * tl.exp(-n_sigma * std)), t)
+    if HAS_XTC:
+        threshold = tl.load(xtc_threshold_ptr + rows, mask=row_mask, other=1.0)
+        probability = tl.load(xtc_probability_ptr + rows, mask=row_mask, other=0.0)
+        _, z_x, _, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                    BLOCK_R, BLOCK_V)  # fmt: skip
+        count, _, smallest, _ = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+                                       threshold * z_x, False, BLOCK_R, BLOCK_V)  # fmt: skip
+        coin = _uniform(key, tl.full([BLOCK_R], -1, tl.int64))
+        active = (count >= 2) & (coin <= probability) & (threshold <= 0.5) & (probability > 0)
+        cap = tl.where(active, smallest, cap)
+    best = tl.full([BLOCK_R], -1.0, tl.float32)
+    best_idx = tl.zeros([BLOCK_R], tl.int64)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
+        keep = _kept(w, t, log_z, entropy, tau, cap)
+        u = _uniform(key[:, None], cols.to(tl.int64)[None, :])
+        score = tl.where(keep, w / -tl.log(u), -1.0)
+        block_best = tl.max(score, axis=1)
+        block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
+        better = block_best > best
+        best = tl.where(better, block_best, best)
+        best_idx = tl.where(better, block_idx, best_idx)
+        if WRITE_PROCESSED:
+            offsets = row_off[:, None] + cols[None, :]
+            mask = row_mask[:, None] & (cols < V)[None, :]
+            x = tl.load(logits_ptr + offsets, mask=mask, other=float("-inf"))
+            tl.store(processed_ptr + offsets, tl.where(keep, x, float("-inf")), mask=mask)
+    tl.store(token_ptr + rows, best_idx, mask=row_mask)

@@ -1,0 +1,45 @@
+"""Launch `truncate_and_draw_kernel` for a step (the CUDA default; the torch path is its reference)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from sampling.batch import RowParams
+from sampling.triton.kernels import truncate_and_draw_kernel
+
+MAX_BLOCK_V = 4096
+TILE_ELEMENTS = 8192
+INTERPRETER_TILE_ELEMENTS = 2**20
+"""The interpreter runs programs one after another with numpy, so it gets much larger tiles."""
+
+
+def block_sizes(num_rows: int, vocab_size: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_V): a vocabulary chunk of up to 4096, and as many rows as fit a tile."""
+    tile = INTERPRETER_TILE_ELEMENTS if triton.knobs.runtime.interpret else TILE_ELEMENTS
+    block_v = min(triton.next_power_of_2(vocab_size), MAX_BLOCK_V)
+    block_r = min(triton.next_power_of_2(num_rows), max(1, tile // block_v))
+    return block_r, block_v
+
+
+def triton_sample(
+    scaled: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[str], need_processed: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Truncate (all stages in ``stages``) and draw: ([n] int64 ids, processed logits [n, V] or None).
+
+    scaled: [n, V] float32, temperature applied; row_keys [n] uint32-in-int64.
+    """
+    scaled = scaled.contiguous()
+    n, vocab = scaled.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=scaled.device)
+    processed = torch.empty_like(scaled) if need_processed else tokens
+    columns = (p.min_p, p.top_k, p.top_p, p.typical_p, p.top_n_sigma, p.xtc_threshold, p.xtc_probability)
+    block_r, block_v = block_sizes(n, vocab)
+    truncate_and_draw_kernel[(triton.cdiv(n, block_r),)](
+        scaled, scaled.stride(0), *(c.contiguous() for c in columns), row_keys.contiguous(), tokens, processed,
+        n, vocab,
+        HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
+        HAS_TYPICAL_P="typical_p" in stages, HAS_TOP_N_SIGMA="top_n_sigma" in stages, HAS_XTC="xtc" in stages,
+        WRITE_PROCESSED=need_processed, BLOCK_R=block_r, BLOCK_V=block_v,
+    )  # fmt: skip
+    return tokens, (processed if need_processed else None)

@@ -1,0 +1,114 @@
+"""Edge cases: tiny top_p, fully masked rows, extreme temperature and bias, real vocabulary and batch sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sampling.batch import SamplingBatch
+from sampling.ops.masks import AllTokensMaskedError
+from sampling.params import SamplingParams
+from sampling.sampler import Sampler
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+
+
+def make_batch(params: list[SamplingParams], vocab: int, **kwargs) -> SamplingBatch:
+    batch = SamplingBatch(len(params), vocab, 32, DEVICE, **kwargs)
+    for row, p in enumerate(params):
+        batch.add_request(row, p, [0, 1], encode=lambda s: [ord(c) % vocab for c in s])
+    return batch
+
+
+def step(params: list[SamplingParams], logits: torch.Tensor, use_triton: bool | None = None, **kwargs) -> torch.Tensor:
+    batch = make_batch(params, logits.shape[-1], **kwargs)
+    rows = torch.arange(len(params), device=DEVICE)
+    return Sampler(use_triton=use_triton)(logits.to(DEVICE), rows, batch).sampled_token_ids.cpu()
+
+
+def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+@PATHS
+def test_tiny_top_p_keeps_the_top_token(use_triton: bool) -> None:
+    logits = random_logits(256, 100)
+    out = step([SamplingParams(top_p=1e-9, seed=i) for i in range(256)], logits, use_triton)
+    assert torch.equal(out, logits.argmax(dim=-1))
+
+
+@PATHS
+def test_temperature_1e_minus_6_is_argmax(use_triton: bool) -> None:
+    logits = random_logits(256, 100, seed=1)
+    out = step([SamplingParams(temperature=1e-6, top_p=0.9) for _ in range(256)], logits, use_triton)
+    assert torch.equal(out, logits.argmax(dim=-1))
+
+
+@PATHS
+def test_logit_bias_plus_and_minus_100(use_triton: bool) -> None:
+    logits = random_logits(512, 64, seed=2)
+    top = logits.argmax(dim=-1)
+    params = [SamplingParams(logit_bias={7: 100.0}, seed=i) if i % 2 else SamplingParams(logit_bias={int(top[i]): -100.0}) for i in range(512)]
+    out = step(params, logits, use_triton)
+    assert (out[1::2] == 7).all()
+    assert (out[0::2] != top[0::2]).all()
+
+
+def test_every_token_masked_is_rejected_at_join() -> None:
+    with pytest.raises(AllTokensMaskedError, match="allowed_token_ids"):
+        make_batch([SamplingParams(allowed_token_ids=[2], min_tokens=1)], 16, eos_token_ids=(2,))
+
+
+def test_every_token_masked_by_a_multi_token_bad_word_raises() -> None:
+    vocab = 128
+    params = SamplingParams(allowed_token_ids=[ord("y")], bad_words=["xy"], seed=0)
+    batch = make_batch([params], vocab)
+    rows = torch.tensor([0], device=DEVICE)
+    batch.record(rows, torch.tensor([ord("x")], device=DEVICE))  # the last output is "x": "y" now banned
+    with pytest.raises(AllTokensMaskedError):
+        Sampler()(torch.zeros(1, vocab, device=DEVICE), rows, batch)
+
+
+@pytest.mark.parametrize("vocab", [49152, 128256, 151936])
+def test_real_vocabulary_sizes(vocab: int) -> None:
+    logits = random_logits(6, vocab, seed=3)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1, seed=1),
+        SamplingParams(top_p=0.9, top_k=40, seed=2),
+        SamplingParams(min_p=0.1, temperature=0.7),
+        SamplingParams(temperature=1.0, repetition_penalty=1.2),
+        SamplingParams(typical_p=0.9, top_n_sigma=1.5, xtc_probability=0.5),
+    ]
+    out = step(params, logits)
+    argmax = logits.argmax(dim=-1)
+    assert out[0] == argmax[0] and out[1] == argmax[1]
+    assert ((out >= 0) & (out < vocab)).all()
+
+
+def test_largest_vocabulary_on_the_kernel() -> None:
+    vocab = 151936
+    logits = random_logits(2, vocab, seed=4)
+    params = [SamplingParams(top_k=40, top_p=0.9, seed=5), SamplingParams(min_p=0.2, seed=6)]
+    assert torch.equal(step(params, logits, use_triton=True), step(params, logits, use_triton=False))
+
+
+@pytest.mark.parametrize("batch_size", [1, 512])
+def test_batch_sizes(batch_size: int) -> None:
+    vocab = 2048
+    logits = random_logits(batch_size, vocab, seed=5)
+    params = [SamplingParams(temperature=0.0) if i % 3 == 0 else SamplingParams(top_p=0.9, seed=i) for i in range(batch_size)]
+    out = step(params, logits)
+    greedy = torch.arange(batch_size) % 3 == 0
+    assert torch.equal(out[greedy], logits.argmax(dim=-1)[greedy])
+    assert out.shape == (batch_size,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("params", [SamplingParams(logit_bias={3: 50.0}, top_p=0.5), SamplingParams(repetition_penalty=1.5)])
+def test_caller_logits_are_not_modified(dtype: torch.dtype, params: SamplingParams) -> None:
+    logits = random_logits(4, 32).to(dtype)
+    before = logits.clone()
+    step([params] * 4, logits)
+    assert torch.equal(logits, before)
