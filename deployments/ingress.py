@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import TypeVar
 
 import ray
 from pydantic import ValidationError
@@ -15,7 +16,7 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.errors import APIError, from_validation_error
-from deployments.generation import Generation
+from deployments.generation import Generation, Submission
 from deployments.metrics import IngressMetrics
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.responses import ResponseFormat
@@ -25,6 +26,7 @@ from engine.tokenizer import ChatTemplateError
 logger = logging.getLogger(__name__)
 
 ENGINE_NAMESPACE = "spout"
+RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
 
 
 def engine_handles(args: ServeArgs) -> list[object]:
@@ -127,29 +129,32 @@ class Ingress:
                 code="context_length_exceeded",
             )
 
-    async def completions(self, request: Request) -> Response:
+    async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
         try:
-            body = CompletionRequest.model_validate(await self._json_body(request))
+            body = model.model_validate(await self._json_body(request))
         except ValidationError as error:
             raise from_validation_error(error) from error
         self._check_model(body.model)
+        return body
+
+    async def _respond(self, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
+        assert self.generation is not None
+        if body.stream:
+            return StreamingResponse(self.generation.stream(submission, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await self.generation.collect(submission))
+
+    async def completions(self, request: Request) -> Response:
+        body = await self._parse(request, CompletionRequest)
         params = body.sampling_params()
         generation = await self._ready()
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        submission = await generation.submit(fmt, prompts, params, echo=body.echo)
-        if body.stream:
-            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await generation.collect(submission))
+        return await self._respond(await generation.submit(fmt, prompts, params, echo=body.echo), body)
 
     async def chat_completions(self, request: Request) -> Response:
-        try:
-            body = ChatCompletionRequest.model_validate(await self._json_body(request))
-        except ValidationError as error:
-            raise from_validation_error(error) from error
-        self._check_model(body.model)
+        body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
         generation = await self._ready()
         try:
@@ -158,10 +163,7 @@ class Ingress:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        submission = await generation.submit(fmt, [prompt], params, echo=False)
-        if body.stream:
-            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await generation.collect(submission))
+        return await self._respond(await generation.submit(fmt, [prompt], params, echo=False), body)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

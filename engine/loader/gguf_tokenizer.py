@@ -8,7 +8,6 @@ The pre-tokenizer follows ``tokenizer.ggml.pre`` the way the original Hugging Fa
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from os import PathLike
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -113,16 +112,3 @@ def tokenizer_from_gguf(fields: Mapping[str, object]) -> Tokenizer:
     if fields.get("tokenizer.ggml.add_bos_token", False):
         tokenizer.post_processor = _bos_processor(fields, tokens)
     return tokenizer
-
-
-def read_gguf_fields(path: str | PathLike[str], prefix: str = "tokenizer.") -> dict[str, object]:
-    """Decode the GGUF metadata fields of ``path`` whose key starts with ``prefix``."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith(prefix)}
-
-
-def load_gguf_tokenizer(path: str | PathLike[str]) -> Tokenizer:
-    """Build the tokenizer stored in the GGUF file at ``path``."""
-    return tokenizer_from_gguf(read_gguf_fields(path))

@@ -7,9 +7,9 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.generate import generate
-from sampling.params import SamplingParams
 from engine.request import EngineOutput
 from engine.scheduler import ScheduledStep
+from sampling.params import SamplingParams
 from tests.engine.conftest import output_ids
 
 PROMPTS = [

