@@ -107,9 +107,10 @@ class SamplingBatch:
         self.params: list[SamplingParams | None] = [None] * max_num_rows
         self.uses: Counter[str] = Counter()
         self._features: list[set[str]] = [set() for _ in range(max_num_rows)]
-        self._floats = torch.zeros(max_num_rows, len(FLOAT_COLUMNS), dtype=torch.float32, device=self.device)
-        self._ints = torch.zeros(max_num_rows, len(INT_COLUMNS), dtype=torch.int64, device=self.device)
-        self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
+        with torch.inference_mode(False):  # updated in place, in and out of inference mode
+            self._floats = torch.zeros(max_num_rows, len(FLOAT_COLUMNS), dtype=torch.float32, device=self.device)
+            self._ints = torch.zeros(max_num_rows, len(INT_COLUMNS), dtype=torch.int64, device=self.device)
+            self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
         self.entries = TokenEntries(max_num_rows, self.device)
         # Lazily allocated when the first row needing them joins: [R, V] or [R, max_model_len].
         self.prompt_mask: torch.Tensor | None = None
@@ -196,6 +197,23 @@ class SamplingBatch:
         self._ints[row] = torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64)
         self.output_pos[row] = 0
 
+    def _allocate(self, features: set[str]) -> None:
+        """Allocate the [R, V] / [R, max_model_len] state the first time a row needs it.
+
+        Allocated outside inference mode, so later in-place updates work in and out of it.
+        """
+        R, V, dev = self.max_num_rows, self.vocab_size, self.device
+        with torch.inference_mode(False):
+            if "penalties" in features and self.output_counts is None:
+                self.prompt_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
+                self.output_counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
+            if "allowed" in features and self.allowed is None:
+                self.allowed = torch.ones(R, V, dtype=torch.bool, device=dev)
+            if "history" in features and self.history is None:
+                self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
+                self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
+                self.dry_breakers = torch.full((R, MAX_DRY_BREAKER_TOKENS), -1, dtype=torch.int64, device=dev)
+
     def _write_dense_state(
         self,
         row: int,
@@ -204,25 +222,17 @@ class SamplingBatch:
         features: set[str],
         encode: Callable[[str], list[int]] | None,
     ) -> None:
-        R, V, dev = self.max_num_rows, self.vocab_size, self.device
-        prompt_ids = torch.tensor(prompt, dtype=torch.int64, device=dev)
-        if "penalties" in features and self.output_counts is None:
-            self.prompt_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
-            self.output_counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
+        """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""
+        self._allocate(features)
+        prompt_ids = torch.tensor(prompt, dtype=torch.int64).to(self.device)
         if self.output_counts is not None and self.prompt_mask is not None:
             self.output_counts[row] = 0
             self.prompt_mask[row] = False
             self.prompt_mask[row, prompt_ids] = True
-        if "allowed" in features and self.allowed is None:
-            self.allowed = torch.ones(R, V, dtype=torch.bool, device=dev)
         if self.allowed is not None:
             self.allowed[row] = params.allowed_token_ids is None
             if params.allowed_token_ids is not None:
-                self.allowed[row, torch.tensor(params.allowed_token_ids, device=dev)] = True
-        if "history" in features and self.history is None:
-            self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
-            self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
-            self.dry_breakers = torch.full((R, MAX_DRY_BREAKER_TOKENS), -1, dtype=torch.int64, device=dev)
+                self.allowed[row, torch.tensor(params.allowed_token_ids, device=self.device)] = True
         if self.history is not None and self.history_len is not None and self.dry_breakers is not None:
             n = min(len(prompt), self.max_model_len)
             self.history[row] = -1

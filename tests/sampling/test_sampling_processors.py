@@ -168,3 +168,12 @@ def test_dry_in_the_sampler_discourages_repeats() -> None:
     logits[0, encode("d")[0]] = 1.0
     out = run_steps(make_batch([params], prompt=prompt), 1, logits)
     assert out[0, 0] != encode("d")[0]
+
+
+def test_state_allocated_in_inference_mode_is_usable_outside() -> None:
+    with torch.inference_mode():
+        batch = make_batch([SamplingParams()])
+        batch.add_request(0, SamplingParams(repetition_penalty=1.2, allowed_token_ids=[1, 2], dry_multiplier=0.5), [1])
+        run_steps(batch, 2)
+    batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1])
+    assert run_steps(batch, 2)[:, 0].tolist() == [3, 3]
