@@ -34,6 +34,8 @@ class EngineConfig:
     ``max_num_seqs`` slots each hold up to ``max_model_len`` positions of KV cache;
     a step schedules at most ``max_num_batched_tokens`` tokens (decodes first, then
     prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
+    ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
+    N's sampled ids reach the host (see `EngineCore.step`).
     """
 
     model: str = DEFAULT_MODEL
@@ -43,3 +45,4 @@ class EngineConfig:
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
     seed: int = 0
+    async_scheduling: bool | None = None

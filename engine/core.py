@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 from engine.config import EngineConfig
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
-from engine.model_runner import ModelRunner
+from engine.model_runner import InFlightStep, ModelRunner
 from engine.request import EngineOutput, FinishReason, Request, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
@@ -37,7 +37,10 @@ class EngineCore:
         self.tokenizer = checkpoint.tokenizer
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings)
         self.runner = ModelRunner(checkpoint, self.config, self.tokenizer.eos_token_ids)
-        self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len)
+        async_scheduling = self.config.async_scheduling
+        self.async_scheduling = self.runner.device.type == "cuda" if async_scheduling is None else async_scheduling
+        self.in_flight: InFlightStep | None = None
         self.requests: dict[str, Request] = {}
         self.pending_outputs: list[EngineOutput] = []
         self.num_generated_tokens = 0
@@ -52,7 +55,7 @@ class EngineCore:
         return len(self.scheduler.waiting)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self.pending_outputs)
+        return bool(self.requests) or bool(self.pending_outputs) or self.in_flight is not None
 
     def num_generated(self, request_id: str) -> int:
         """Tokens generated for a live or recently finished request."""
@@ -94,23 +97,44 @@ class EngineCore:
                 self.pending_outputs.append(self._finish(request, FinishReason.ABORT, None, new_token_ids=[]))
 
     def step(self) -> list[EngineOutput]:
+        """Schedule and launch a step; return the outputs of the step whose results are in.
+
+        Synchronous: that is this step. Asynchronous (default on CUDA): the previous one,
+        collected after this one was launched, so the host's scheduling and stop checks
+        overlap the device's work; a request that finished in the previous step may have
+        one token computed in this step, which is discarded.
+        """
         outputs, self.pending_outputs = self.pending_outputs, []
         step = self.scheduler.schedule()
-        if not step.requests:
-            return outputs
-        for request in step.admitted:
-            self.runner.add_request(request, self.tokenizer.encode)
-        sampled_ids, logprobs = self.runner.execute(step)
-        for request, chunk in zip(step.requests, step.chunks):
-            request.num_computed_tokens += chunk.num_tokens
-        for index, (request, token_id) in enumerate(zip(step.sampled, sampled_ids)):
+        launched = None
+        if step.requests:
+            for request in step.admitted:
+                self.runner.add_request(request, self.tokenizer.encode)
+            launched = self.runner.launch(step, self.in_flight)
+            for request, chunk in zip(step.requests, step.chunks):
+                request.num_computed_tokens += chunk.num_tokens
+            for request in step.sampled:
+                request.num_placeholders += 1
+        ready = launched
+        if self.async_scheduling:
+            ready, self.in_flight = self.in_flight, launched
+        if ready is not None:
+            outputs += self._collect(ready)
+        return outputs
+
+    def _collect(self, in_flight: InFlightStep) -> list[EngineOutput]:
+        sampled_ids, logprobs = self.runner.collect(in_flight)
+        outputs = []
+        for index, (request, token_id) in enumerate(zip(in_flight.step.sampled, sampled_ids)):
+            request.num_placeholders -= 1
+            if request.finished:  # finished or aborted while this step ran
+                continue
             output = self._append_token(request, token_id)
             if logprobs is not None and request.params.logprobs is not None:
-                entry = logprobs[index]
-                num_top = request.params.logprobs
+                entry, num_top = logprobs[index], request.params.logprobs
                 output.logprobs = [entry._replace(top_token_ids=entry.top_token_ids[:num_top], top_logprobs=entry.top_logprobs[:num_top])]
             outputs.append(output)
-        self.num_generated_tokens += len(sampled_ids)
+        self.num_generated_tokens += len(outputs)
         return outputs
 
     def _append_token(self, request: Request, token_id: int) -> EngineOutput:
@@ -121,7 +145,12 @@ class EngineCore:
         return self._finish(request, *stop, new_token_ids=[token_id])
 
     def _finish(self, request: Request, reason: FinishReason, stop_reason: int | None, new_token_ids: list[int]) -> EngineOutput:
-        """Free the request's slot; returns its final output."""
+        """Free the request's slot; returns its final output.
+
+        A launched step may still write this slot's cache and sampling row; a request
+        admitted to the slot later only touches them in later, stream-ordered work.
+        """
+        request.finished = True
         if request.slot is not None:
             self.runner.remove_request(request.slot)
         self.scheduler.remove(request)

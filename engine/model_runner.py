@@ -1,9 +1,10 @@
-"""Runs one scheduled step on the device: forward, gather last positions, lm_head, sample, one D2H copy."""
+"""Runs scheduled steps on the device: forward, gather last positions, lm_head, sample, copy to the host."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,25 +30,18 @@ def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
-class HostTransfer:
-    """The step's device-to-host copies, into pinned buffers, waited on with one CUDA event
-    (not a device-wide sync, not ``.tolist()`` on a device tensor)."""
+@dataclass
+class InFlightStep:
+    """A launched step whose sampled ids may still be on their way to the host.
 
-    def __init__(self, device: torch.device) -> None:
-        self.pinned = device.type == "cuda"
-        self.event = torch.cuda.Event() if self.pinned else None
+    sampled_token_ids: [len(step.sampled)] int64 on the device, for the next step's inputs.
+    host: pinned host copies being filled (ids, then logprob fields when asked).
+    """
 
-    def to_host(self, *values: torch.Tensor) -> list[list]:
-        """Device tensors -> nested Python lists, after a single wait."""
-        host = []
-        for value in values:
-            buffer = torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pinned)
-            buffer.copy_(value, non_blocking=self.pinned)
-            host.append(buffer)
-        if self.event is not None:
-            self.event.record()
-            self.event.synchronize()
-        return [buffer.tolist() for buffer in host]
+    step: ScheduledStep
+    sampled_token_ids: torch.Tensor | None
+    host: list[torch.Tensor]
+    done: torch.cuda.Event | None
 
 
 class ModelRunner:
@@ -63,30 +57,53 @@ class ModelRunner:
             config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids
         )
         self.sampler = Sampler()
-        self.host_transfer = HostTransfer(self.device)
+        self.pinned = self.device.type == "cuda"
         logger.info("model on %s as %s", self.device, self.dtype)
 
     @torch.inference_mode()
-    def execute(self, step: ScheduledStep) -> tuple[list[int], list[TokenLogprobs] | None]:
-        """Run the step: one sampled token id per ``step.sampled`` request, in order, and
-        their logprobs (top-N at the largest N asked in the batch) when any row asks."""
+    def launch(self, step: ScheduledStep, previous: InFlightStep | None) -> InFlightStep:
+        """Enqueue the step: forward, lm_head on the sampled rows, sampler, and the copies to the host.
+
+        Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
+        device from ``previous``'s sampled ids, so nothing waits for the previous step.
+        """
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        if step.placeholder_inputs:
+            assert previous is not None and previous.sampled_token_ids is not None
+            order = {id(request): index for index, request in enumerate(previous.step.sampled)}
+            targets = torch.tensor([flat for flat, _ in step.placeholder_inputs], dtype=torch.int64)
+            sources = torch.tensor([order[id(request)] for _, request in step.placeholder_inputs], dtype=torch.int64)
+            input_ids[targets.to(self.device)] = previous.sampled_token_ids[sources.to(self.device)]
         meta = build_attention_metadata(step.chunks, self.device)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         if not step.sampled:
-            return [], None
+            return InFlightStep(step, None, [], None)
         logits_indices = torch.tensor(step.logits_indices, dtype=torch.int64).to(self.device, non_blocking=True)
         rows = torch.tensor([r.slot for r in step.sampled], dtype=torch.int64).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[logits_indices])
-        output = self.sampler(logits, rows, self.sampling_batch)
-        if output.logprobs is None:
-            (sampled,) = self.host_transfer.to_host(output.sampled_token_ids)
+        output = self.sampler(self.model.compute_logits(hidden[logits_indices]), rows, self.sampling_batch)
+        values = [output.sampled_token_ids]
+        if output.logprobs is not None:
+            lp = output.logprobs
+            values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
+        host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values]
+        for buffer, value in zip(host, values):
+            buffer.copy_(value, non_blocking=self.pinned)
+        done = torch.cuda.Event() if self.pinned else None
+        if done is not None:
+            done.record()
+        return InFlightStep(step, output.sampled_token_ids, host, done)
+
+    def collect(self, in_flight: InFlightStep) -> tuple[list[int], list[TokenLogprobs] | None]:
+        """Wait for this step's copies only (an event, not a device-wide sync): one sampled id
+        per ``step.sampled`` request, and their logprobs (top-N at the batch's largest N) if asked."""
+        if in_flight.done is not None:
+            in_flight.done.synchronize()
+        if not in_flight.host:
+            return [], None
+        sampled, *logprob_fields = [buffer.tolist() for buffer in in_flight.host]
+        if not logprob_fields:
             return sampled, None
-        lp = output.logprobs
-        sampled, logprobs, ranks, top_ids, top_logprobs = self.host_transfer.to_host(
-            output.sampled_token_ids, lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs
-        )
-        return sampled, [TokenLogprobs(*entry) for entry in zip(logprobs, ranks, top_ids, top_logprobs)]
+        return sampled, [TokenLogprobs(*entry) for entry in zip(*logprob_fields)]
 
     def add_request(self, request: Request, encode: Callable[[str], list[int]]) -> None:
         assert request.slot is not None

@@ -23,11 +23,25 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed_tokens: int = 0
-    """Tokens whose keys and values are in the cache."""
+    """Tokens whose keys and values are in the cache (or being written by a launched step)."""
+    num_placeholders: int = 0
+    """Tokens sampled by launched steps whose values have not reached the host yet."""
+    finished: bool = False
 
     @property
     def num_tokens(self) -> int:
+        """Tokens known on the host: prompt and output."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_total_tokens(self) -> int:
+        return self.num_tokens + self.num_placeholders
+
+    def may_grow(self, max_model_len: int) -> bool:
+        """Whether another token could still be generated, counting those in flight."""
+        num_output = len(self.output_token_ids) + self.num_placeholders
+        below_max_tokens = self.params.max_tokens is None or num_output < self.params.max_tokens
+        return below_max_tokens and self.num_total_tokens < max_model_len
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""

@@ -18,6 +18,9 @@ class ScheduledStep:
     logits_indices: for each sampled request, its last token's index in the flat
     batch (``query_start_loc[1:] - 1`` restricted to the sampled requests).
     admitted: the requests given a slot this step.
+    placeholder_inputs: (flat index, request) for decode inputs sampled by the step in
+    flight, not yet on the host; the runner fills them on the device. Their
+    ``input_ids`` entry is 0 meanwhile.
     """
 
     requests: list[Request]
@@ -26,6 +29,7 @@ class ScheduledStep:
     sampled: list[Request]
     logits_indices: list[int]
     admitted: list[Request]
+    placeholder_inputs: list[tuple[int, Request]]
 
 
 class Scheduler:
@@ -35,8 +39,9 @@ class Scheduler:
     requests, then waiting requests as slots free, their prompts chunked to fit.
     """
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -54,10 +59,11 @@ class Scheduler:
         request.slot = None
 
     def schedule(self) -> ScheduledStep:
-        step = ScheduledStep(requests=[], chunks=[], input_ids=[], sampled=[], logits_indices=[], admitted=[])
+        step = ScheduledStep(requests=[], chunks=[], input_ids=[], sampled=[], logits_indices=[], admitted=[], placeholder_inputs=[])
         budget = self.max_num_batched_tokens
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        # A request whose in-flight tokens already reach its limit waits for them to land.
+        decoding = [r for r in self.running if r.num_total_tokens - r.num_computed_tokens == 1 and r.may_grow(self.max_model_len)]
+        prefilling = [r for r in self.running if r.num_total_tokens - r.num_computed_tokens > 1]
         for request in decoding + prefilling:
             if budget == 0:
                 return step
@@ -73,12 +79,16 @@ class Scheduler:
     @staticmethod
     def _schedule_chunk(step: ScheduledStep, request: Request, budget: int) -> int:
         start = request.num_computed_tokens
-        num_tokens = min(request.num_tokens - start, budget)
+        num_tokens = min(request.num_total_tokens - start, budget)
         assert request.slot is not None
         step.requests.append(request)
         step.chunks.append(ScheduledChunk(slot=request.slot, position=start, num_tokens=num_tokens))
-        step.input_ids.extend(request.token_ids(start, start + num_tokens))
-        if start + num_tokens == request.num_tokens:
+        if start == request.num_tokens:  # a decode whose input is still on the device
+            step.placeholder_inputs.append((len(step.input_ids), request))
+            step.input_ids.append(0)
+        else:
+            step.input_ids.extend(request.token_ids(start, start + num_tokens))
+        if start + num_tokens == request.num_total_tokens:
             step.sampled.append(request)
             step.logits_indices.append(len(step.input_ids) - 1)
         return num_tokens

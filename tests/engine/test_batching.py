@@ -37,10 +37,12 @@ def test_prompts_differ_in_length(smollm_checkpoint):
     assert len(lengths) >= 6
 
 
-def test_batched_with_chunked_prefill_and_mid_flight_joins_matches_alone(smollm_checkpoint, alone):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_batched_with_chunked_prefill_and_mid_flight_joins_matches_alone(smollm_checkpoint, alone, async_scheduling):
     # 5 slots for 8 requests (3 wait for a free slot), and a token budget of 8 per
     # step, so long prompts are prefilled in chunks alongside other requests' decodes.
-    engine = EngineCore(EngineConfig(max_num_seqs=5, max_model_len=256, max_num_batched_tokens=8), smollm_checkpoint)
+    config = EngineConfig(max_num_seqs=5, max_model_len=256, max_num_batched_tokens=8, async_scheduling=async_scheduling)
+    engine = EngineCore(config, smollm_checkpoint)
     steps: list[ScheduledStep] = []
     schedule = engine.scheduler.schedule
     engine.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]  # type: ignore[method-assign]
@@ -62,3 +64,4 @@ def test_batched_with_chunked_prefill_and_mid_flight_joins_matches_alone(smollm_
     assert chunked, "no prompt was prefilled in more than one chunk"
     assert mixed, "no step mixed decode tokens with a prefill chunk"
     assert max(len(step.chunks) for step in steps) == 5
+    assert any(step.placeholder_inputs for step in steps) == async_scheduling

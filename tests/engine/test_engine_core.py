@@ -175,3 +175,37 @@ def test_counters(tiny_checkpoint):
     run_until_done(engine)
     assert (engine.num_generated("a"), engine.num_generated("b"), engine.num_generated_tokens) == (3, 5, 8)
     assert (engine.num_running, engine.num_waiting, engine.has_unfinished_requests()) == (0, 0, False)
+
+
+@pytest.mark.parametrize("max_model_len", [64, 16])
+def test_async_scheduling_gives_the_same_outputs(tiny_checkpoint, eos_engine_and_index, max_model_len):
+    """Stops by max_tokens, stop token, EOS, min_tokens and context length, and an abort
+    mid-flight, give the same tokens and finish reasons with async scheduling."""
+    eos_checkpoint = dataclasses.replace(tiny_checkpoint, tokenizer=eos_engine_and_index[0].tokenizer)
+    requests = {
+        "max_tokens": GREEDY.model_copy(update={"max_tokens": 7}),
+        "eos": GREEDY.model_copy(update={"ignore_eos": False}),
+        "min_tokens": GREEDY.model_copy(update={"ignore_eos": False, "min_tokens": 9}),
+        "context": GREEDY.model_copy(update={"max_tokens": None}),
+        "seeded": SamplingParams(temperature=1.0, seed=3, max_tokens=10),
+        "aborted": GREEDY,
+    }
+
+    def run(async_scheduling: bool) -> dict[str, tuple[list[int], FinishReason | None]]:
+        engine = make_engine(eos_checkpoint, max_model_len=max_model_len, async_scheduling=async_scheduling)
+        for name, params in requests.items():
+            engine.add_request(name, PROMPT, params)
+        outputs: dict[str, list] = {}
+        for step in range(200):
+            if step == 6:
+                engine.abort_requests(["aborted"])
+            for output in engine.step():
+                outputs.setdefault(output.request_id, []).append(output)
+            if not engine.has_unfinished_requests():
+                break
+        return {name: (output_ids(outs), outs[-1].finish_reason) for name, outs in outputs.items()}
+
+    sync, overlapped = run(False), run(True)
+    assert {k: v for k, v in overlapped.items() if k != "aborted"} == {k: v for k, v in sync.items() if k != "aborted"}
+    assert overlapped["aborted"][1] == FinishReason.ABORT
+    assert overlapped["aborted"][0] == sync["context"][0][: len(overlapped["aborted"][0])]
