@@ -80,6 +80,8 @@ class EngineCore:
                 f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, "
                 f"so at most {self.max_model_len - 1} prompt tokens leave room for output"
             )
+        if params.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt_logprobs is not supported yet")
         vocab_size = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
         if bad is not None:

@@ -47,6 +47,7 @@ def first_new_token(tokens: list[int]) -> tuple[int, int]:
         ([5, -1], GREEDY, "outside the vocabulary"),
         (PROMPT, SamplingParams(stop_token_ids=[60000]), "stop_token_ids"),
         (PROMPT, SamplingParams(logit_bias={99999: 1.0}), "logit_bias"),
+        (PROMPT, SamplingParams(prompt_logprobs=1), "prompt_logprobs"),
     ],
 )
 def test_invalid_requests_are_rejected_without_disturbing_others(tiny_checkpoint, reference_tokens, prompt, params, message):
