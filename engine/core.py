@@ -64,7 +64,10 @@ class EngineCore:
         return self.finished_generated_counts[request_id]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot run."""
+        """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run.
+
+        ``params.n`` is not looked at: the ingress adds one engine request per choice.
+        """
         self._validate(request_id, prompt_token_ids, params)
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
         self.requests[request_id] = request
