@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -115,14 +116,19 @@ class EngineActor:
         return None
 
     def _run(self) -> None:
-        while True:
-            self.wakeup.wait()
-            self.wakeup.clear()
-            self._apply_commands()
-            while self.engine.has_unfinished_requests():
-                outputs = self.engine.step()
-                self._publish(outputs)
+        try:
+            while True:
+                self.wakeup.wait()
+                self.wakeup.clear()
                 self._apply_commands()
+                while self.engine.has_unfinished_requests():
+                    self._publish(self.engine.step())
+                    self._apply_commands()
+        except BaseException:
+            # A failed step leaves the engine in an unknown state: end the process so
+            # Ray restarts the actor and ingresses fail its requests with an error frame.
+            logger.exception("engine step failed; restarting the engine actor")
+            os._exit(1)
 
     def _apply_commands(self) -> None:
         while True:
