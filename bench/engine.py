@@ -7,6 +7,7 @@ bench/results/engine.json with rows {device, model, phase, batch, tokens_per_s}.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
-    prompt_len, decode_tokens = (32, 8) if args.quick else (128, 32)
+    prompt_len, decode_tokens, repeats = (32, 8, 1) if args.quick else (128, 32, 3)
     checkpoint = load_checkpoint(args.model)
     config = EngineConfig(
         model=args.model,
@@ -58,11 +59,14 @@ def main(argv: list[str] | None = None) -> None:
     measure(engine, 1, prompt_len, 2)  # warm-up
     rows = []
     for batch in BATCHES:
-        prefill, decode = measure(engine, batch, prompt_len, decode_tokens)
+        # Median of several runs: this machine may be shared, and the first run of a shape allocates.
+        runs = [measure(engine, batch, prompt_len, decode_tokens) for _ in range(repeats)]
+        prefill = statistics.median(run[0] for run in runs)
+        decode = statistics.median(run[1] for run in runs)
         rows.append({"device": device, "model": args.model, "phase": "prefill", "batch": batch, "tokens_per_s": round(prefill, 1)})
         rows.append({"device": device, "model": args.model, "phase": "decode", "batch": batch, "tokens_per_s": round(decode, 1)})
     print_table(rows)
-    path = write_results("engine", rows, prompt_len=prompt_len, decode_tokens=decode_tokens, quick=args.quick)
+    path = write_results("engine", rows, prompt_len=prompt_len, decode_tokens=decode_tokens, repeats=repeats, quick=args.quick)
     print(f"wrote {path}")
 
 
