@@ -54,7 +54,9 @@ class EngineActor:
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
-        threading.Thread(target=self._run, name="engine-loop", daemon=True).start()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.thread.start()
 
     # --- called by ingress replicas -------------------------------------------------
 
@@ -97,6 +99,12 @@ class EngineActor:
         """Tokens generated per request (live or recently finished), from the engine's own counters."""
         return await self._call(lambda: {r: self.engine.num_generated(r) for r in request_ids})
 
+    async def shutdown(self) -> None:
+        """Stop the engine thread after its current step (for in-process use; Ray ends the process)."""
+        self.stopping = True
+        self.wakeup.set()
+        await asyncio.to_thread(self.thread.join)
+
     # --- engine thread ----------------------------------------------------------------
 
     async def _call(self, command: Callable[[], T]) -> T:
@@ -117,11 +125,11 @@ class EngineActor:
 
     def _run(self) -> None:
         try:
-            while True:
+            while not self.stopping:
                 self.wakeup.wait()
                 self.wakeup.clear()
                 self._apply_commands()
-                while self.engine.has_unfinished_requests():
+                while self.engine.has_unfinished_requests() and not self.stopping:
                     self._publish(self.engine.step())
                     self._apply_commands()
         except BaseException:

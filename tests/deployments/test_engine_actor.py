@@ -1,0 +1,44 @@
+"""EngineActor's body in-process (no Ray): refusals, a full queue, and coalesced outputs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from deployments.engine_actor import SERVER_FULL, EngineActor, NewRequest
+from engine.config import EngineConfig
+from sampling.params import SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_full_queue_invalid_requests_and_coalesced_outputs():
+    async def run() -> None:
+        actor = EngineActor(EngineConfig(model="tiny-random", max_num_seqs=1, max_model_len=64), max_waiting_requests=2)
+        try:
+            await actor.ready()
+            await check(actor)
+        finally:
+            await actor.shutdown()
+
+    async def check(actor: EngineActor) -> None:
+        requests = [NewRequest(f"r{i}", [100 + i, 200], PARAMS) for i in range(3)]
+        errors = await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])
+        assert "empty" in errors[0]
+        assert errors[1:] == [None, None, SERVER_FULL]
+        tokens: dict[str, list[int]] = {}
+        finished: set[str] = set()
+        messages = 0
+        while len(finished) < 2:
+            await asyncio.sleep(0.05)  # let several steps' outputs pile up
+            outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+            messages += 1
+            for output in outputs:
+                tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+                if output.finish_reason is not None:
+                    finished.add(output.request_id)
+            assert messages < 200
+        assert {k: len(v) for k, v in tokens.items()} == {"r0": 6, "r1": 6}
+        assert messages < 12  # 12 steps of outputs arrived in fewer messages
+        assert await actor.get_outputs("ingress-b", timeout_s=0.05) == []
+
+    asyncio.run(run())
