@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from deployments.detok_pool import DetokClient
 from deployments.errors import APIError
@@ -74,6 +75,7 @@ class OutputRouter:
                     logger.exception("routing engine outputs failed")
 
     async def _route(self, outputs: list[EngineOutput]) -> None:
+        outputs = merge_outputs(outputs)
         live = [(self.streams[o.request_id], o) for o in outputs if o.request_id in self.streams and not self.streams[o.request_id].finished]
         if not live:
             return
@@ -109,3 +111,19 @@ class OutputRouter:
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
         stream.mailbox.push(stream.index, result.text, list(output.new_token_ids), finish_reason, output.stop_reason, logprobs)
+
+
+def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
+    """One output per request: a message that coalesced several steps may hold several
+    for one request, and each detok call must start from the state the previous one left."""
+    merged: dict[str, EngineOutput] = {}
+    for output in outputs:
+        first = merged.get(output.request_id)
+        if first is None:
+            merged[output.request_id] = replace(output, new_token_ids=list(output.new_token_ids))
+            continue
+        first.new_token_ids.extend(output.new_token_ids)
+        if output.logprobs is not None:
+            first.logprobs = (first.logprobs or []) + output.logprobs
+        first.finish_reason, first.stop_reason = output.finish_reason, output.stop_reason
+    return list(merged.values())

@@ -1,0 +1,67 @@
+"""The ingress's output routing, in-process: coalesced engine messages and stop strings."""
+
+from __future__ import annotations
+
+import asyncio
+
+from deployments.detok_pool import DetokClient
+from deployments.metrics import IngressMetrics
+from deployments.output_router import OutputRouter, merge_outputs
+from deployments.streams import ChoiceStream, Mailbox
+from detok import initial_state
+from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.request import EngineOutput, FinishReason
+from sampling.params import SamplingParams
+
+TOKENIZER = load_tokenizer(DEFAULT_MODEL)
+# ' randomized', '_"', 'uu', then the first two bytes of a three-byte character, then ' Pe'.
+IDS = [20182, 46671, 45372, 10283, 2820, 7959]
+
+
+def test_merge_outputs_keeps_order_and_the_last_finish():
+    outputs = [
+        EngineOutput("a", [1], 3),
+        EngineOutput("b", [2], 3),
+        EngineOutput("a", [4, 5], 3),
+        EngineOutput("a", [6], 3, FinishReason.LENGTH),
+    ]
+    merged = merge_outputs(outputs)
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in merged] == [
+        ("a", [1, 4, 5, 6], FinishReason.LENGTH),
+        ("b", [2], None),
+    ]
+    assert outputs[0].new_token_ids == [1]  # the engine's outputs are not modified
+
+
+def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
+    """Feed engine messages through an OutputRouter; the text, finish reason and aborts."""
+
+    async def run() -> tuple[str, str | None, list[str]]:
+        aborts: list[str] = []
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, max_split=1)
+        router = OutputRouter([], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
+        mailbox = Mailbox()
+        prompt = TOKENIZER.encode("Hello")
+        router.register(ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params)))
+        for message in messages:
+            await router._route(message)
+        deltas = mailbox.pending[0]
+        return deltas.text, deltas.finish_reason, aborts
+
+    return asyncio.run(run())
+
+
+def test_a_coalesced_message_decodes_like_separate_ones():
+    params = SamplingParams(max_tokens=len(IDS))
+    full = TOKENIZER.tokenizer.decode(IDS)
+    assert "\ufffd" in full
+    separate = [[EngineOutput("r", [token], 1)] for token in IDS[:-1]] + [[EngineOutput("r", IDS[-1:], 1, FinishReason.LENGTH)]]
+    coalesced = [[EngineOutput("r", [token], 1) for token in IDS[:-1]] + [EngineOutput("r", IDS[-1:], 1, FinishReason.LENGTH)]]
+    assert route(separate, params)[:2] == (full, "length")
+    assert route(coalesced, params)[:2] == (full, "length")
+
+
+def test_a_stop_string_finishes_the_choice_and_aborts_it_once():
+    params = SamplingParams(max_tokens=100, stop=["uu"])
+    text, finish, aborts = route([[EngineOutput("r", IDS[:3], 1)], [EngineOutput("r", IDS[3:], 1)]], params)
+    assert (text, finish, aborts) == (' randomized_"', "stop", ["r"])
