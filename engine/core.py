@@ -90,7 +90,7 @@ class EngineCore:
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
         try:
-            params.check_vocab(vocab_size)
+            self.runner.validate(params, self.tokenizer.encode)
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
 

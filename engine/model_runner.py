@@ -16,6 +16,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
+from sampling.params import SamplingParams
 from sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,10 @@ class ModelRunner:
         if not logprob_fields:
             return sampled, None
         return sampled, [TokenLogprobs(*entry) for entry in zip(*logprob_fields)]
+
+    def validate(self, params: SamplingParams, encode: Callable[[str], list[int]]) -> None:
+        """Raise ``ValueError`` if the sampler cannot take ``params`` (checked before a request is queued)."""
+        self.sampling_batch.validate(params, encode)
 
     def add_request(self, request: Request, encode: Callable[[str], list[int]]) -> None:
         assert request.slot is not None

@@ -140,10 +140,7 @@ class SamplingBatch:
         encode: Callable[[str], list[int]] | None = None,
     ) -> None:
         """Occupy ``row`` with a new request. ``encode`` turns strings (bad words, DRY breakers) into token ids."""
-        params.check_vocab(self.vocab_size)
-        entries = entries_for(params, self.eos_token_ids, encode)
-        check_entries_vocab(entries, self.vocab_size)
-        self._check_not_all_masked(params, entries)
+        entries = self._checked_entries(params, encode)
         if self.params[row] is not None:
             self.remove_request(row)
         features = row_features(params)
@@ -161,6 +158,18 @@ class SamplingBatch:
         self._write_columns(row, params)
         self.entries.set_row(row, entries)
         self._write_dense_state(row, params, prompt_token_ids, features, encode)
+
+    def validate(self, params: SamplingParams, encode: Callable[[str], list[int]] | None = None) -> None:
+        """Raise a ``ValueError`` naming the field if ``params`` cannot be sampled by this batch
+        (a token id outside the vocabulary, every allowed token banned); `add_request` checks the same."""
+        self._checked_entries(params, encode)
+
+    def _checked_entries(self, params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[Entry]:
+        params.check_vocab(self.vocab_size)
+        entries = entries_for(params, self.eos_token_ids, encode)
+        check_entries_vocab(entries, self.vocab_size)
+        self._check_not_all_masked(params, entries)
+        return entries
 
     def remove_request(self, row: int) -> None:
         """Free ``row``; its device rows are overwritten by the next request to join it."""

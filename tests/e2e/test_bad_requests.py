@@ -36,6 +36,7 @@ CASES = [
     ("chat top_logprobs without logprobs", "POST", "/v1/chat/completions", {"model": M, "messages": OK_MESSAGES, "top_logprobs": 2}, None, 400, "top_logprobs"),
     ("chat max_completion_tokens negative", "POST", "/v1/chat/completions", {"model": M, "messages": OK_MESSAGES, "max_completion_tokens": -1}, None, 400, "max_tokens"),
     ("stream not a bool", "POST", "/v1/chat/completions", {"model": M, "messages": OK_MESSAGES, "stream": "yes please"}, None, 400, "stream"),
+    ("every allowed token banned", "POST", "/v1/completions", {"model": M, "prompt": "x", "allowed_token_ids": [2], "min_tokens": 3}, None, 400, None),
     ("prompt_logprobs not supported", "POST", "/v1/completions", {"model": M, "prompt": "x", "prompt_logprobs": 1}, None, 400, None),
     ("unknown route", "POST", "/v1/embeddings", {"model": M, "input": "x"}, None, 404, None),
     ("wrong method", "GET", "/v1/completions", None, None, 405, None),
