@@ -85,6 +85,11 @@ class EngineCore:
             )
         if params.prompt_logprobs is not None:
             raise InvalidRequestError("prompt_logprobs is not supported yet")
+        if params.allowed_token_ids is not None and any(
+            len(self.tokenizer.encode(text, add_special_tokens=False)) > 1 for word in params.bad_words for text in (word, f" {word}")
+        ):
+            # The sampler would find mid-generation that no token is left, failing the whole step.
+            raise InvalidRequestError("allowed_token_ids cannot be combined with bad_words of more than one token")
         vocab_size = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
         if bad is not None:
