@@ -116,6 +116,8 @@ class OutputRouter:
 def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
     """One output per request: a message that coalesced several steps may hold several
     for one request, and each detok call must start from the state the previous one left."""
+    if len({output.request_id for output in outputs}) == len(outputs):
+        return outputs  # the common case, one step's worth: nothing to merge or copy
     merged: dict[str, EngineOutput] = {}
     for output in outputs:
         first = merged.get(output.request_id)
