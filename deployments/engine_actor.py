@@ -60,9 +60,10 @@ class EngineActor:
 
     # --- called by ingress replicas -------------------------------------------------
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> int:
+        """The engine's context length, once the model is loaded."""
         self.loop = asyncio.get_running_loop()
-        return {"model_vocab_size": self.engine.model_config.vocab_size, "max_model_len": self.engine.max_model_len}
+        return self.engine.max_model_len
 
     async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> list[str | None]:
         """Queue requests whose outputs go to ``subscriber``; an error message per refused request."""

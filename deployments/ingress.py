@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -53,15 +54,20 @@ class Ingress:
         self.metrics = IngressMetrics()
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_max_replicas)
         self.subscriber = uuid.uuid4().hex
-        self.generation: Generation | None = None
+        self.generation: asyncio.Task[Generation] | None = None
         self.max_model_len: int | None = None
 
     async def _ready(self) -> Generation:
-        if self.generation is None:
-            info = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
-            self.max_model_len = info[0]["max_model_len"]
-            self.generation = Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics)
-        return self.generation
+        """The replica's one `Generation` (one output loop per engine), made by the first request;
+        concurrent first requests await the same task, and a failed start is tried again."""
+        if self.generation is None or (self.generation.done() and self.generation.exception() is not None):
+            self.generation = asyncio.get_running_loop().create_task(self._start())
+        return await asyncio.shield(self.generation)
+
+    async def _start(self) -> Generation:
+        lengths = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
+        self.max_model_len = min(lengths)
+        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -138,10 +144,10 @@ class Ingress:
         return body
 
     async def _respond(self, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
-        assert self.generation is not None
+        generation = await self._ready()
         if body.stream:
-            return StreamingResponse(self.generation.stream(submission, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await self.generation.collect(submission))
+            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await generation.collect(submission))
 
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
