@@ -112,32 +112,42 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_level(base_url: str, concurrency: int, max_tokens: int, timeout_s: float) -> tuple[list[StreamResult], float, list[str]]:
+def _client(base_url: str, concurrency: int, timeout_s: float) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+    return httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits)
+
+
+async def run_streams(base_url: str, concurrency: int, max_tokens: int, timeout_s: float) -> tuple[list[StreamResult], float]:
+    """All streams at once; their results and the wall time they took."""
+    async with _client(base_url, concurrency, timeout_s) as client:
         started = time.perf_counter()
         results = await asyncio.wait_for(
             asyncio.gather(*(stream_one(client, i, max_tokens) for i in range(concurrency))), timeout_s
         )
-        elapsed = time.perf_counter() - started
-        twins = []
-        for start in range(0, concurrency, 64):  # bounded concurrency for the reference texts
+        return results, time.perf_counter() - started
+
+
+async def twin_texts(base_url: str, count: int, max_tokens: int, timeout_s: float) -> list[str | None]:
+    """The non-streaming texts the streams must equal, 64 requests at a time."""
+    twins: list[str | None] = []
+    async with _client(base_url, 64, timeout_s) as client:
+        for start in range(0, count, 64):
             responses = await asyncio.gather(
-                *(client.post("/v1/completions", json=body(i, max_tokens, False)) for i in range(start, min(concurrency, start + 64)))
+                *(client.post("/v1/completions", json=body(i, max_tokens, False)) for i in range(start, min(count, start + 64)))
             )
             twins += [r.json()["choices"][0]["text"] if r.status_code == 200 else None for r in responses]
-    return results, elapsed, twins
+    return twins
 
 
 def measure_mode(base_url: str, mode: str, levels: list[int], max_tokens: int, timeout_s: float) -> list[dict]:
     rows = []
     for concurrency in levels:
         cpu_before = process_cpu_seconds()
-        results, elapsed, twins = asyncio.run(run_level(base_url, concurrency, max_tokens, timeout_s))
-        cpu_after = process_cpu_seconds()
-        # CPU of the twin requests is included; they are as many tokens again, so halve.
+        results, elapsed = asyncio.run(run_streams(base_url, concurrency, max_tokens, timeout_s))
+        cpu_after = process_cpu_seconds()  # the streams alone; the twins below are not counted
+        twins = asyncio.run(twin_texts(base_url, concurrency, max_tokens, timeout_s))
         output_tokens = sum(r.tokens for r in results)
-        cpu_us = {k: (cpu_after[k] - cpu_before[k]) / 2 / max(output_tokens, 1) * 1e6 for k in cpu_before}
+        cpu_us = {k: (cpu_after[k] - cpu_before[k]) / max(output_tokens, 1) * 1e6 for k in cpu_before}
         ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
         gaps = [g for r in results for g in r.gaps_s]
         row = {
@@ -193,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             serve.run(app, name="spout", route_prefix="/", blocking=False)
             base_url = f"http://127.0.0.1:{port}"
             wait_healthy(base_url, timeout_s=300)
-            asyncio.run(run_level(base_url, 4, 4, 120))  # warm-up: engine loaded, paths compiled
+            asyncio.run(run_streams(base_url, 4, 4, 120))  # warm-up: engine loaded, paths compiled
             rows += measure_mode(base_url, mode, levels, max_tokens, timeout_s=600)
             serve.delete("spout")
             # The engine actor is owned by the ingress replica and goes with it.
