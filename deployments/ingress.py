@@ -19,6 +19,7 @@ from deployments.engine_actor import EngineActor
 from deployments.errors import APIError, from_validation_error
 from deployments.generation import Generation, Submission
 from deployments.metrics import IngressMetrics
+from deployments.openapi import openapi_document
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
@@ -88,6 +89,7 @@ class Ingress:
             "/v1/models": ("GET", self.models),
             "/health": ("GET", self.health),
             "/metrics": ("GET", self.metrics_text),
+            "/openapi.json": ("GET", self.openapi),
         }
         if path not in routes:
             raise APIError(404, f"no route {path}", code="not_found")
@@ -175,6 +177,9 @@ class Ingress:
         await self._ready()
         card = {"id": self.args.model_name, "object": "model", "created": 0, "owned_by": "spout", "max_model_len": self.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document())
 
     async def health(self, request: Request) -> Response:
         try:

@@ -1,0 +1,70 @@
+"""The ingress's OpenAPI document (``GET /openapi.json``), generated from the request models.
+
+A request body is its model's fields plus every `SamplingParams` field the model does
+not declare (the ingress passes those through), and nothing else: unknown names are a 400.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.metadata import version
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from sampling.params import SamplingParams
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+        }
+    },
+}
+ENDPOINTS: dict[str, type[BaseModel]] = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+
+
+@cache
+def openapi_document() -> dict[str, object]:
+    """OpenAPI 3.1: the POST endpoints' bodies, their JSON or SSE answers, and the error JSON."""
+    models = [*ENDPOINTS.values(), SamplingParams]
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template=REF_TEMPLATE)
+    schemas = top["$defs"]
+    sampling = schemas.pop(SamplingParams.__name__)["properties"]
+    for model in ENDPOINTS.values():
+        schema = schemas[model.__name__]
+        passed_through = {name: field for name, field in sampling.items() if name not in schema["properties"]}
+        schema["properties"] |= passed_through
+        schema["additionalProperties"] = False
+    schemas["ErrorResponse"] = ERROR_SCHEMA
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Spout", "version": version("spout")},
+        "paths": {path: {"post": _operation(model)} for path, model in ENDPOINTS.items()},
+        "components": {"schemas": schemas},
+    }
+
+
+def _operation(model: type[BaseModel]) -> dict[str, object]:
+    error = {"content": {"application/json": {"schema": {"$ref": REF_TEMPLATE.format(model="ErrorResponse")}}}}
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": REF_TEMPLATE.format(model=model.__name__)}}}},
+        "responses": {
+            "200": {
+                "description": "The completion as JSON, or Server-Sent Events ending with `data: [DONE]` when `stream` is true.",
+                "content": {"application/json": {}, "text/event-stream": {}},
+            },
+            "default": {"description": "OpenAI error JSON.", **error},
+        },
+    }
