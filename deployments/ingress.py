@@ -196,6 +196,8 @@ class Ingress:
             stats = await engine.stats.remote()  # type: ignore[attr-defined]
             gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
             gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
+        generation = await self._ready()
+        gauges["spout_live_choices"] = len(generation.router.streams)  # engine requests this replica still routes
         total = self.detok.inline_batches + self.detok.pool_batches
         gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
         return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
