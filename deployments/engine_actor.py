@@ -145,6 +145,8 @@ class EngineActor:
                 command, future = self.commands.get_nowait()
             except queue.Empty:
                 return
+            if not future.set_running_or_notify_cancel():
+                continue  # the caller was cancelled (e.g. its HTTP client left) before the command ran
             try:
                 future.set_result(command())
             except Exception as error:  # the caller gets it; the loop goes on

@@ -90,16 +90,24 @@ class Generation:
                 echo_texts.append(prompt_text)
         for stream in streams:
             self.router.register(stream)
-        errors = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
+        try:
+            errors = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
+        except BaseException:  # the client left mid-submit, or the engine failed: leave nothing behind
+            self._withdraw(streams)
+            raise
         refused = [e for e in errors if e is not None]
         if refused:
-            for stream, error in zip(streams, errors):
-                self.router.unregister(stream)
-                if error is None:
-                    self._abort(engine_index, stream.request_id)
+            self._withdraw(streams)
             raise APIError(503, refused[0], code="server_full") if refused[0] == SERVER_FULL else APIError(400, refused[0])
         self.metrics.tokens.inc("prompt", sum(len(p) for p in prompts))
         return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
+
+    def _withdraw(self, streams: list[ChoiceStream]) -> None:
+        """Forget choices whose submission failed; abort them all, since some may have been added
+        (aborting a request the engine does not hold is a no-op)."""
+        for stream in streams:
+            self.router.unregister(stream)
+            self._abort(stream.engine_index, stream.request_id)
 
     def release(self, submission: Submission, cause: str) -> None:
         """Unregister the submission's choices; abort those the engine still runs."""

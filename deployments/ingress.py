@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import uuid
@@ -62,7 +63,8 @@ class Ingress:
         """The replica's one `Generation` (one output loop per engine), made by the first request;
         concurrent first requests await the same task, and a failed start is tried again."""
         if self.generation is None or (self.generation.done() and self.generation.exception() is not None):
-            self.generation = asyncio.get_running_loop().create_task(self._start())
+            # An empty context, so that Ray does not cancel the start with the request that began it.
+            self.generation = asyncio.get_running_loop().create_task(self._start(), context=contextvars.Context())
         return await asyncio.shield(self.generation)
 
     async def _start(self) -> Generation:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -44,7 +45,10 @@ class OutputRouter:
         self.abort = abort
         self.on_engine_failure = on_engine_failure
         self.streams: dict[str, ChoiceStream] = {}
-        self.tasks = [asyncio.get_running_loop().create_task(self._loop(i)) for i in range(len(engines))]
+        # Empty contexts, so that Ray does not cancel the engine polls with the request that
+        # happened to start this router (see `TickBatcher`).
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._loop(i), context=contextvars.Context()) for i in range(len(engines))]
 
     def register(self, stream: ChoiceStream) -> None:
         self.streams[stream.request_id] = stream

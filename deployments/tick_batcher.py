@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -25,7 +26,10 @@ class TickBatcher(Generic[Item, Result]):
     def submit(self, item: Item) -> asyncio.Future[Result]:
         loop = asyncio.get_running_loop()
         if not self.items:
-            loop.call_soon(lambda: loop.create_task(self._flush()))
+            # An empty context: Ray would otherwise take the call for a child of the submitting
+            # request's task and cancel it, and so every item of the batch, when that request is
+            # cancelled (its client left); see ray-project/ray#52476.
+            loop.call_soon(lambda: loop.create_task(self._flush()), context=contextvars.Context())
         future: asyncio.Future[Result] = loop.create_future()
         self.items.append(item)
         self.futures.append(future)

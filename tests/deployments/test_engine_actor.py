@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from deployments.engine_actor import SERVER_FULL, EngineActor, NewRequest
 from engine.config import EngineConfig
@@ -40,5 +41,37 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
         assert {k: len(v) for k, v in tokens.items()} == {"r0": 6, "r1": 6}
         assert messages < 12  # 12 steps of outputs arrived in fewer messages
         assert await actor.get_outputs("ingress-b", timeout_s=0.05) == []
+
+    asyncio.run(run())
+
+
+def test_callers_cancelled_before_their_command_ran_do_not_stop_the_engine():
+    """A Ray actor call is cancelled when the request that made it is (its client left); the
+    engine thread must skip such a command, not fail on the cancelled future and exit."""
+
+    async def run() -> None:
+        actor = EngineActor(EngineConfig(model="tiny-random", max_num_seqs=1, max_model_len=64), max_waiting_requests=2)
+        try:
+            await actor.ready()
+            gate = threading.Event()
+            actor.engine.abort_requests = lambda request_ids: gate.wait()  # holds the engine thread in a command
+            blocker = asyncio.create_task(actor.abort_requests(["r-blocking"]))
+            calls = [asyncio.create_task(actor.stats()) for _ in range(8)]
+            await asyncio.sleep(0.1)  # each call has queued its command behind the blocking one
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            gate.set()
+            await blocker
+            assert await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)]) == [None]
+            tokens = 0
+            for _ in range(100):
+                outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+                tokens += sum(len(o.new_token_ids) for o in outputs)
+                if any(o.finish_reason is not None for o in outputs):
+                    break
+            assert tokens == PARAMS.max_tokens
+        finally:
+            await actor.shutdown()
 
     asyncio.run(run())
