@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ray.exceptions import RayActorError
+
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import SERVER_FULL, NewRequest
 from deployments.errors import APIError
@@ -92,7 +94,10 @@ class Generation:
             self.router.register(stream)
         try:
             errors = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
-        except BaseException:  # the client left mid-submit, or the engine failed: leave nothing behind
+        except RayActorError as error:  # the engine died or is restarting: the client may retry
+            self._withdraw(streams)
+            raise APIError(503, ENGINE_FAILED, code="engine_failed") from error
+        except BaseException:  # the client left mid-submit: leave nothing behind
             self._withdraw(streams)
             raise
         refused = [e for e in errors if e is not None]

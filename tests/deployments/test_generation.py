@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from ray.exceptions import ActorDiedError
+
 from deployments.detok_pool import DetokClient
+from deployments.errors import APIError
 from deployments.generation import Generation
 from deployments.metrics import IngressMetrics
 from deployments.responses import ResponseFormat
@@ -26,9 +29,10 @@ class _Remote:
 
 
 class SlowEngine:
-    """Adds after a delay (the caller may be gone by then) and records every call."""
+    """Adds after a delay (the caller may be gone by then) and records every call; ``dead``: the actor is restarting."""
 
-    def __init__(self) -> None:
+    def __init__(self, dead: bool = False) -> None:
+        self.dead = dead
         self.added: list[str] = []
         self.aborted: list[str] = []
         self.add_requests = _Remote(self._add)
@@ -37,6 +41,8 @@ class SlowEngine:
 
     async def _add(self, subscriber: str, requests: list) -> list[None]:
         await asyncio.sleep(0.05)
+        if self.dead:
+            raise ActorDiedError()
         self.added += [r.request_id for r in requests]
         return [None] * len(requests)
 
@@ -48,16 +54,24 @@ class SlowEngine:
         return []
 
 
+def new_generation(engine: SlowEngine) -> Generation:
+    detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, max_split=1)
+    return Generation([engine], "sub", TOKENIZER, detok, IngressMetrics())
+
+
+def submit(generation: Generation):
+    fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
+    return generation.submit(fmt, [TOKENIZER.encode("Hello")], SamplingParams(n=2), echo=False)
+
+
 def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
     async def run() -> tuple[SlowEngine, int]:
         engine = SlowEngine()
-        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, max_split=1)
-        generation = Generation([engine], "sub", TOKENIZER, detok, IngressMetrics())
-        fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
-        submit = asyncio.create_task(generation.submit(fmt, [TOKENIZER.encode("Hello")], SamplingParams(n=2), echo=False))
+        generation = new_generation(engine)
+        task = asyncio.create_task(submit(generation))
         await asyncio.sleep(0.01)  # the add is in flight
-        submit.cancel()
-        await asyncio.gather(submit, return_exceptions=True)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await asyncio.sleep(0.1)  # the add lands, then the aborts go out
         return engine, len(generation.router.streams)
 
@@ -65,3 +79,17 @@ def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
     assert live == 0
     assert engine.added == ["cmpl-x-0", "cmpl-x-1"]
     assert sorted(engine.aborted) == engine.added
+
+
+def test_a_submit_to_a_restarting_engine_is_a_503():
+    async def run() -> tuple[BaseException | None, int]:
+        generation = new_generation(SlowEngine(dead=True))
+        try:
+            await submit(generation)
+        except APIError as error:
+            return error, len(generation.router.streams)
+        return None, len(generation.router.streams)
+
+    error, live = asyncio.run(run())
+    assert isinstance(error, APIError) and (error.status, error.code) == (503, "engine_failed")
+    assert live == 0
