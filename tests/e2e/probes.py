@@ -12,6 +12,7 @@ import httpx
 import ray
 
 SERVE_NAMESPACE = "serve"
+FULL_SIZE = os.environ.get("SPOUT_E2E_FULL") == "1"  # the reliability tests at the sizes the issue names, not CI's
 GREEDY_PROMPT = "The capital of France is"
 
 
