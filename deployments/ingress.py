@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import re
 import uuid
 from typing import TypeVar
 
@@ -117,7 +118,9 @@ class Ingress:
             raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
         try:
             parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            if re.search(rb"\\u[dD][89a-fA-F]", body):  # only an escape can carry a surrogate; a lone one is not text
+                json.dumps(parsed, ensure_ascii=False).encode()
+        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, lone surrogates, ints over 4300 digits, deep nesting
             raise APIError(400, f"malformed JSON: {error}", code="invalid_json") from error
         if not isinstance(parsed, dict):
             raise APIError(400, "the request body must be a JSON object", code="invalid_json")
