@@ -7,12 +7,16 @@ unknown names, so a misspelt field is a 400 naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deployments.errors import APIError, from_validation_error
 from sampling.params import MAX_LOGPROBS, SamplingParams
+
+# The tokenizer cannot even look up an id outside u32 (the ingress decodes prompts for the
+# detokenizer's context); the engine checks ids against the model's vocabulary.
+TokenId = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class StreamOptions(BaseModel):
@@ -42,7 +46,7 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
