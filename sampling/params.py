@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 LOGIT_BIAS_LIMIT = 100.0
 MAX_LOGPROBS = 20
 MAX_N = 128
+MAX_INT64 = 2**63 - 1  # the sampling batch keeps integer parameters in int64 columns
 
 
 class TokenIdOutOfVocabError(ValueError):
@@ -34,7 +35,7 @@ class SamplingParams(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = _finite(default=1.0, ge=0.0, description="0 means greedy.")
     top_p: float = _finite(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1 disables.")
+    top_k: int = Field(0, ge=-1, le=MAX_INT64, description="0 or -1 disables.")
     min_p: float = _finite(default=0.0, ge=0.0, le=1.0)
     typical_p: float = _finite(default=1.0, gt=0.0, le=1.0)
     top_n_sigma: float = _finite(default=-1.0, description="Keep logits within n standard deviations of the max; <= 0 disables.")
@@ -43,8 +44,8 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = _finite(default=1.0, gt=0.0)
     dry_multiplier: float = _finite(default=0.0, ge=0.0)
     dry_base: float = _finite(default=1.75, ge=1.0)
-    dry_allowed_length: int = Field(2, ge=0)
-    dry_penalty_last_n: int = Field(-1, ge=-1, description="-1: the whole context; 0: disabled.")
+    dry_allowed_length: int = Field(2, ge=0, le=MAX_INT64)
+    dry_penalty_last_n: int = Field(-1, ge=-1, le=MAX_INT64, description="-1: the whole context; 0: disabled.")
     dry_sequence_breakers: list[str] = Field(default_factory=lambda: ["\n", ":", '"', "*"])
     xtc_threshold: float = _finite(default=0.1, ge=0.0, le=1.0)
     xtc_probability: float = _finite(default=0.0, ge=0.0, le=1.0)
@@ -53,7 +54,7 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     max_tokens: int | None = Field(16, ge=1, description="None: until the context is full.")
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=MAX_INT64)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     logit_bias: dict[int, float] = Field(default_factory=dict)
