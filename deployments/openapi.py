@@ -32,6 +32,8 @@ ERROR_SCHEMA = {
         }
     },
 }
+# Forms a field accepts beyond its type (a `SamplingParams` before-validator turns them into the list).
+ACCEPTED_FORMS = {"stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}}
 ENDPOINTS: dict[str, type[BaseModel]] = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 
 
@@ -41,7 +43,7 @@ def openapi_document() -> dict[str, object]:
     models = [*ENDPOINTS.values(), SamplingParams]
     _, top = models_json_schema([(m, "validation") for m in models], ref_template=REF_TEMPLATE)
     schemas = top["$defs"]
-    sampling = schemas.pop(SamplingParams.__name__)["properties"]
+    sampling = schemas.pop(SamplingParams.__name__)["properties"] | ACCEPTED_FORMS
     for model in ENDPOINTS.values():
         schema = schemas[model.__name__]
         passed_through = {name: field for name, field in sampling.items() if name not in schema["properties"]}
