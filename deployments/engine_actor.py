@@ -55,6 +55,7 @@ class EngineActor:
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        self.num_steps = 0  # engine steps run; engine thread only
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
 
@@ -93,6 +94,7 @@ class EngineActor:
                 "running": engine.num_running,
                 "waiting": engine.num_waiting,
                 "generated_tokens": engine.num_generated_tokens,
+                "steps": self.num_steps,
             }
         )
 
@@ -132,6 +134,7 @@ class EngineActor:
                 self._apply_commands()
                 while self.engine.has_unfinished_requests() and not self.stopping:
                     self._publish(self.engine.step())
+                    self.num_steps += 1
                     self._apply_commands()
         except BaseException:
             # A failed step leaves the engine in an unknown state: end the process so
