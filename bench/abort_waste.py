@@ -1,0 +1,203 @@
+"""Abort waste: tokens the engine generates for a request after the stream no longer needs them.
+
+``python -m bench.abort_waste [--quick]`` starts Ray and the app on loopback and, at 16 and
+256 concurrent streams, measures per request, from the engine actor's own counters
+(`EngineActor.num_generated`):
+
+- stop string: tokens generated beyond the token that completed the stop string. Each
+  request's stop string is cut from its greedy non-streaming twin's text; the tokens
+  needed are the stream's ``usage.completion_tokens`` (the ingress keeps the tokens up
+  to the one that completes the stop).
+- disconnect: tokens generated after the client closed its stream, i.e. the count once
+  the engine is idle less the count read just before the close (after 8 tokens).
+
+At 16 streams each row pools 4 rounds (64 requests).
+
+Every stream runs in the engine at once (``max_num_seqs`` = 256), and each running request
+gets one token per engine step, so tokens of waste are engine steps of waste; ``step_ms`` is
+the mean step time during the streams. ``--quick`` runs tiny-random only; the full run adds
+the default model. Rows go to bench/results/abort_waste.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import httpx
+import ray
+from ray import serve
+
+from bench.common import print_table, write_results
+from bench.serve_load import free_port, percentile, wait_healthy
+from deployments import build_app
+from deployments.ingress import ENGINE_NAMESPACE
+from engine.config import DEFAULT_MODEL
+
+ROUNDS = {16: 4, 256: 1}  # concurrency -> rounds of streams, for enough requests per row
+TWIN_TOKENS = 64  # the stop string is cut from the middle of this text
+READ_BEFORE_CLOSE = 8  # tokens a disconnecting client reads first
+DISCONNECT_MAX_TOKENS = 400  # far more than the engine makes before the abort lands
+IDLE_TIMEOUT_S = 120
+TIMEOUT_S = 900
+
+
+def greedy_body(model: str, index: int, max_tokens: int, **fields: object) -> dict:
+    """Request ``index``'s body: greedy and past EOS, so its text is known and long enough."""
+    prompt = f"Request {index}: tell me something."
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, **fields}
+
+
+async def chunks(client: httpx.AsyncClient, body: dict) -> AsyncIterator[dict]:
+    """The JSON chunks of a streamed completion."""
+    async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                yield json.loads(line[len("data: ") :])
+
+
+async def engine_idle(engine: object) -> None:
+    """Wait until the engine runs and queues nothing: every abort has landed."""
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        stats = await engine.stats.remote()  # type: ignore[attr-defined]
+        if stats["running"] == 0 and stats["waiting"] == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the engine still has requests")
+
+
+async def stop_strings(client: httpx.AsyncClient, model: str, count: int) -> list[str]:
+    """Per request, a stop string first found in the middle of its greedy twin's text."""
+    responses = await asyncio.gather(*(client.post("/v1/completions", json=greedy_body(model, i, TWIN_TOKENS)) for i in range(count)))
+    return [stop_string(response.json()["choices"][0]["text"]) for response in responses]
+
+
+def stop_string(text: str) -> str:
+    """Three characters as near the middle of ``text`` as can be whose first occurrence is where they are cut
+    (greedy text often repeats itself)."""
+    middle = len(text) // 2
+    for start in sorted(range(1, len(text) - 2), key=lambda s: abs(s - middle)):
+        if text.find(text[start : start + 3]) == start:
+            return text[start : start + 3]
+    raise ValueError(f"no stop string in {text!r}")
+
+
+async def stop_string_stream(client: httpx.AsyncClient, model: str, index: int, stop: str) -> tuple[str, int]:
+    """The engine request id and the tokens the stream needed (up to the stop's completion)."""
+    body = greedy_body(model, index, TWIN_TOKENS, stop=[stop], stream_options={"include_usage": True})
+    request_id, needed, finish = "", -1, None
+    async for chunk in chunks(client, body):
+        request_id = f"{chunk['id']}-0"
+        finish = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), finish)
+        if chunk.get("usage"):
+            needed = chunk["usage"]["completion_tokens"]
+    if finish != "stop":
+        raise RuntimeError(f"request {index} did not stop on {stop!r}")
+    return request_id, needed
+
+
+async def disconnecting_stream(client: httpx.AsyncClient, engine: object, model: str, index: int) -> tuple[str, int]:
+    """Read ``READ_BEFORE_CLOSE`` tokens, note the engine's count, close; the id and that count."""
+    received = 0
+    async with aclosing(chunks(client, greedy_body(model, index, DISCONNECT_MAX_TOKENS, logprobs=0))) as stream:
+        async for chunk in stream:
+            received += sum(len(c["logprobs"]["tokens"]) for c in chunk["choices"] if c["logprobs"])
+            if received >= READ_BEFORE_CLOSE:
+                request_id = f"{chunk['id']}-0"
+                at_close = (await engine.num_generated.remote([request_id]))[request_id]  # type: ignore[attr-defined]
+                return request_id, at_close  # leaving the block closes the connection at once
+    raise RuntimeError(f"request {index} ended before the client left")
+
+
+async def stop_string_round(client: httpx.AsyncClient, engine: object, model: str, stops: list[str]) -> tuple[list[int], float]:
+    """Waste per request of one round of concurrent stop-string streams, and the mean step time."""
+    steps_before = (await engine.stats.remote())["steps"]  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    stopped = await asyncio.gather(*(stop_string_stream(client, model, i, s) for i, s in enumerate(stops)))
+    step_ms = (time.perf_counter() - started) * 1e3 / max(1, (await engine.stats.remote())["steps"] - steps_before)  # type: ignore[attr-defined]
+    await engine_idle(engine)
+    generated = await engine.num_generated.remote([rid for rid, _ in stopped])  # type: ignore[attr-defined]
+    return [generated[rid] - needed for rid, needed in stopped], step_ms
+
+
+async def disconnect_round(client: httpx.AsyncClient, engine: object, model: str, concurrency: int) -> list[int]:
+    """Waste per request of one round of concurrent streams whose clients leave."""
+    closed = await asyncio.gather(*(disconnecting_stream(client, engine, model, i) for i in range(concurrency)))
+    await engine_idle(engine)
+    generated = await engine.num_generated.remote([rid for rid, _ in closed])  # type: ignore[attr-defined]
+    return [generated[rid] - at_close for rid, at_close in closed]
+
+
+async def measure(base_url: str, engine: object, model: str, concurrency: int) -> list[dict]:
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    stop_waste: list[int] = []
+    disconnect_waste: list[int] = []
+    step_ms: list[float] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT_S, limits=limits) as client:
+        stops = await stop_strings(client, model, concurrency)
+        for _ in range(ROUNDS[concurrency]):
+            waste, ms = await stop_string_round(client, engine, model, stops)
+            stop_waste += waste
+            step_ms.append(ms)
+            disconnect_waste += await disconnect_round(client, engine, model, concurrency)
+    mean_step_ms = statistics.fmean(step_ms)
+    return [row(model, concurrency, "stop_string", stop_waste, mean_step_ms), row(model, concurrency, "disconnect", disconnect_waste, mean_step_ms)]
+
+
+def row(model: str, concurrency: int, cause: str, waste: list[int], step_ms: float) -> dict:
+    """Waste in tokens, which is also engine steps: each running request gets one token per step."""
+    return {
+        "model": model,
+        "concurrency": concurrency,
+        "cause": cause,
+        "requests": len(waste),
+        "waste_p50_steps": percentile(waste, 0.5),
+        "waste_max_steps": max(waste),
+        "waste_mean_steps": round(statistics.fmean(waste), 2),
+        "step_ms": round(step_ms, 2),
+    }
+
+
+def run_model(port: int, model: str) -> list[dict]:
+    app = build_app({"model": model, "max_num_seqs": 256, "max_model_len": 512})
+    serve.run(app, name="spout", route_prefix="/", blocking=False)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url, timeout_s=600)
+        engine = ray.get_actor(f"spout-engine-{model}-0", namespace=ENGINE_NAMESPACE)
+        rows = []
+        for concurrency in ROUNDS:
+            rows += asyncio.run(measure(base_url, engine, model, concurrency))
+            print_table(rows[-2:])
+        return rows
+    finally:
+        serve.delete("spout")  # the engine actor goes with its ingress replica
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny-random only")
+    args = parser.parse_args(argv)
+    models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    rows: list[dict] = []
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+        for model in models:
+            rows += run_model(port, model)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print_table(rows)
+    print(f"wrote {write_results('abort_waste', rows, quick=args.quick)}")
+
+
+if __name__ == "__main__":
+    main()
