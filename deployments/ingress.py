@@ -187,10 +187,13 @@ class Ingress:
 
     async def metrics_text(self, request: Request) -> Response:
         gauges: dict[str, float] = {}
+        engine_counters: dict[str, float] = {}
         for index, engine in enumerate(self.engines):
             stats = await engine.stats.remote()  # type: ignore[attr-defined]
             gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
             gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
+            for kind in ("generated", "draft", "accepted"):
+                engine_counters[f'spout_engine_{kind}_tokens_total{{engine="{index}"}}'] = stats[f"{kind}_tokens"]
         total = self.detok.inline_batches + self.detok.pool_batches
         gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
-        return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render(gauges, engine_counters), media_type="text/plain; version=0.0.4")
