@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import DEFAULT_MODEL, EngineConfig
+from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 
 class ServeArgs(BaseModel):
@@ -18,6 +19,9 @@ class ServeArgs(BaseModel):
     max_num_seqs: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=2)
     max_num_batched_tokens: int = Field(512, ge=1)
+    num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
+    prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
+    prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
     detok_min_replicas: int = Field(1, ge=0)
     detok_max_replicas: int = Field(2, ge=1)
@@ -41,4 +45,7 @@ class ServeArgs(BaseModel):
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            num_speculative_tokens=self.num_speculative_tokens,
+            prompt_lookup_min=self.prompt_lookup_min,
+            prompt_lookup_max=self.prompt_lookup_max,
         )
