@@ -98,10 +98,10 @@ class ModelRunner:
         rows = self._to_device([r.slot for r in step.sampled])
         if verifies_drafts:
             drafts = [token for request_drafts in step.draft_token_ids for token in [*request_drafts, -1]]
-            cu_num_rows = self._to_device(list(accumulate((len(d) + 1 for d in step.draft_token_ids), initial=0)))
+            cu_num_rows = torch.tensor(list(accumulate((len(d) + 1 for d in step.draft_token_ids), initial=0)))
             output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch)
             values = [output.token_ids, output.num_emitted]
-            last_token_ids = output.token_ids[cu_num_rows[:-1] + output.num_emitted - 1]
+            last_token_ids = output.token_ids[cu_num_rows[:-1].to(self.device, non_blocking=True) + output.num_emitted - 1]
         else:
             output = self.sampler(logits, rows, self.sampling_batch)
             values = [output.sampled_token_ids]
