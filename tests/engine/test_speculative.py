@@ -20,8 +20,9 @@ from tests.engine.conftest import output_ids, run_until_done
 PASSAGE = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
 REPEAT_PROMPT = f"Repeat this sentence exactly, three times.\n{PASSAGE}\n{PASSAGE}\n"
 PEAKY_VOCAB = 512
-PEAKY_LOGIT_SCALE = 40.0
+PEAKY_LOGIT_SCALE = 10.0
 NUM_SAMPLES = 20_000
+MAX_TOKENS = 32
 
 
 def smollm_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
@@ -35,24 +36,32 @@ def generate_all(engine: EngineCore, prompts: dict[str, list[int]], params: Samp
     return {request_id: output_ids(outputs[request_id]) for request_id in prompts}
 
 
-def test_greedy_speculation_gives_the_tokens_of_plain_decoding(smollm_checkpoint):
-    tokenizer = smollm_checkpoint.tokenizer
-    prompts = {"repeat": tokenizer.encode(REPEAT_PROMPT), "open": tokenizer.encode("Three facts about the Moon:\n1.")}
-    params = SamplingParams(temperature=0.0, max_tokens=48)
-    plain = generate_all(smollm_engine(smollm_checkpoint), prompts, params)
+@pytest.fixture(scope="module")
+def repeat_prompt(smollm_checkpoint) -> list[int]:
+    return smollm_checkpoint.tokenizer.encode(REPEAT_PROMPT)
+
+
+@pytest.fixture(scope="module")
+def plain_repeat(smollm_checkpoint, repeat_prompt) -> list[int]:
+    """The greedy continuation of the repeat prompt without speculation."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    return generate_all(smollm_engine(smollm_checkpoint), {"r": repeat_prompt}, params)["r"]
+
+
+def test_greedy_speculation_gives_the_tokens_of_plain_decoding(smollm_checkpoint, repeat_prompt, plain_repeat):
+    open_prompt = smollm_checkpoint.tokenizer.encode("Three facts about the Moon:\n1.")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    plain_open = generate_all(smollm_engine(smollm_checkpoint), {"open": open_prompt}, params)["open"]
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=4)
-    speculated = generate_all(engine, prompts, params)
-    assert speculated == plain
+    speculated = generate_all(engine, {"repeat": repeat_prompt, "open": open_prompt}, params)
+    assert speculated == {"repeat": plain_repeat, "open": plain_open}
     assert 0 < engine.num_accepted_tokens < engine.num_draft_tokens
 
 
-def test_kv_entries_of_rejected_drafts_are_never_read(smollm_checkpoint):
+def test_kv_entries_of_rejected_drafts_are_never_read(smollm_checkpoint, repeat_prompt, plain_repeat):
     """Poison every cache position past each sequence's accepted tokens after every step."""
-    prompt = smollm_checkpoint.tokenizer.encode(REPEAT_PROMPT)
-    params = SamplingParams(temperature=0.0, max_tokens=40)
-    plain = generate_all(smollm_engine(smollm_checkpoint), {"r": prompt}, params)["r"]
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=6)
-    engine.add_request("r", prompt, params)
+    engine.add_request("r", repeat_prompt, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
     generated: list[int] = []
     while engine.has_unfinished_requests():
         for output in engine.step():
@@ -60,48 +69,41 @@ def test_kv_entries_of_rejected_drafts_are_never_read(smollm_checkpoint):
         for request in engine.scheduler.running:
             for cache in engine.runner.kv_cache.keys + engine.runner.kv_cache.values:
                 cache[request.slot, :, request.num_computed_tokens :] = float("nan")
-    assert generated == plain
+    assert generated == plain_repeat
     assert engine.num_draft_tokens > engine.num_accepted_tokens > 0
 
 
-def test_stop_token_inside_an_accepted_run_truncates_it(smollm_checkpoint):
-    tokenizer = smollm_checkpoint.tokenizer
-    prompt = tokenizer.encode(REPEAT_PROMPT)
-    plain = generate_all(smollm_engine(smollm_checkpoint), {"r": prompt}, SamplingParams(temperature=0.0, max_tokens=40))["r"]
-    stop_id = plain[25]
-    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_id], logprobs=2)
+def test_stop_token_inside_an_accepted_run_truncates_it(smollm_checkpoint, repeat_prompt, plain_repeat):
+    stop_id = plain_repeat[25]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id], logprobs=2)
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=8)
-    engine.add_request("r", prompt, params)
+    engine.add_request("r", repeat_prompt, params)
     outputs = run_until_done(engine)["r"]
     tokens = output_ids(outputs)
-    assert tokens == plain[: plain.index(stop_id) + 1]
+    assert tokens == plain_repeat[: plain_repeat.index(stop_id) + 1]
     assert outputs[-1].finish_reason == FinishReason.STOP and outputs[-1].stop_reason == stop_id
     assert all(len(o.logprobs or []) == len(o.new_token_ids) for o in outputs)
     assert engine.num_generated("r") == len(tokens)
+    assert any(len(o.new_token_ids) > 1 for o in outputs)
 
 
-def test_max_tokens_inside_an_accepted_run_truncates_it(smollm_checkpoint):
-    prompt = smollm_checkpoint.tokenizer.encode(REPEAT_PROMPT)
-    params = SamplingParams(temperature=0.0, max_tokens=13)
-    plain = generate_all(smollm_engine(smollm_checkpoint), {"r": prompt}, params)["r"]
+def test_max_tokens_inside_an_accepted_run_truncates_it(smollm_checkpoint, repeat_prompt, plain_repeat):
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=8)
-    assert generate_all(engine, {"r": prompt}, params)["r"] == plain
-    assert len(plain) == 13
+    params = SamplingParams(temperature=0.0, max_tokens=13)
+    assert generate_all(engine, {"r": repeat_prompt}, params)["r"] == plain_repeat[:13]
 
 
-def test_guidance_with_speculation_gives_the_tokens_of_guidance_alone(smollm_checkpoint):
-    prompt = smollm_checkpoint.tokenizer.encode(REPEAT_PROMPT)
-    params = SamplingParams(temperature=0.0, max_tokens=24, guidance_scale=1.5, negative_prompt="Say something else.")
-    plain = generate_all(smollm_engine(smollm_checkpoint), {"r": prompt}, params)["r"]
+def test_guidance_with_speculation_gives_the_tokens_of_guidance_alone(smollm_checkpoint, repeat_prompt):
+    params = SamplingParams(temperature=0.0, max_tokens=16, guidance_scale=1.5, negative_prompt="Say something else.")
+    plain = generate_all(smollm_engine(smollm_checkpoint), {"r": repeat_prompt}, params)["r"]
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=4)
-    assert generate_all(engine, {"r": prompt}, params)["r"] == plain
+    assert generate_all(engine, {"r": repeat_prompt}, params)["r"] == plain
     assert engine.num_accepted_tokens > 0
 
 
-def test_request_can_turn_speculation_off(smollm_checkpoint):
+def test_request_can_turn_speculation_off(smollm_checkpoint, repeat_prompt):
     engine = smollm_engine(smollm_checkpoint, num_speculative_tokens=4)
-    prompt = smollm_checkpoint.tokenizer.encode(REPEAT_PROMPT)
-    generate_all(engine, {"r": prompt}, SamplingParams(temperature=0.0, max_tokens=16, num_speculative_tokens=0))
+    generate_all(engine, {"r": repeat_prompt}, SamplingParams(temperature=0.0, max_tokens=8, num_speculative_tokens=0))
     assert engine.num_draft_tokens == 0
 
 
@@ -121,17 +123,18 @@ def peaky_checkpoint(tiny_checkpoint) -> Checkpoint:
 
 def peaky_engine(checkpoint: Checkpoint, num_speculative_tokens: int) -> EngineCore:
     config = EngineConfig(
-        model="tiny-random", max_num_seqs=512, max_model_len=128, max_num_batched_tokens=65536,
+        model="tiny-random", max_num_seqs=1024, max_model_len=64, max_num_batched_tokens=65536,
         num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=1, prompt_lookup_max=3,
     )  # fmt: skip
     return EngineCore(config, checkpoint)
 
 
-def cyclic_prompt(checkpoint: Checkpoint) -> list[int]:
-    """A prompt ending in the model's own greedy continuation, so prompt lookup drafts likely tokens."""
-    engine = peaky_engine(checkpoint, 0)
+def repeating_prompt(checkpoint: Checkpoint) -> list[int]:
+    """``start``, the model's greedy continuation of it, then ``start`` again: prompt lookup
+    drafts that continuation, which the model finds likely but not certain."""
     start = [5, 17, 42, 7]
-    return start + generate_all(engine, {"g": start}, SamplingParams(temperature=0.0, max_tokens=40))["g"]
+    continuation = generate_all(peaky_engine(checkpoint, 0), {"g": start}, SamplingParams(temperature=0.0, max_tokens=4))["g"]
+    return start + continuation + start
 
 
 def first_tokens(checkpoint: Checkpoint, prompt: list[int], params: SamplingParams, num_spec: int, seed_base: int):
@@ -159,10 +162,10 @@ def homogeneity_p_value(a: Counter, b: Counter) -> float:
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_first_three_tokens_are_distributed_as_without_speculation(peaky_checkpoint, top_p):
-    prompt = cyclic_prompt(peaky_checkpoint)
+    prompt = repeating_prompt(peaky_checkpoint)
     assert NgramIndex(1, 3).propose(prompt, 3), "the prompt must give prompt lookup something to draft"
     params = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)
     plain, _ = first_tokens(peaky_checkpoint, prompt, params, num_spec=0, seed_base=0)
     speculated, engine = first_tokens(peaky_checkpoint, prompt, params, num_spec=3, seed_base=NUM_SAMPLES)
-    assert 0.1 * engine.num_draft_tokens < engine.num_accepted_tokens < 0.9 * engine.num_draft_tokens
+    assert 0.05 * engine.num_draft_tokens < engine.num_accepted_tokens < 0.95 * engine.num_draft_tokens
     assert homogeneity_p_value(plain, speculated) > 0.001
