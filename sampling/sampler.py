@@ -36,6 +36,7 @@ from sampling.ops.masks import apply_allowed, apply_token_entries, check_some_to
 from sampling.ops.penalties import apply_penalties
 from sampling.ops.rejection import accept_or_recover, first_rejection
 from sampling.ops.seeded_noise import row_keys, uniform
+from sampling.ops.segments import max_rows_bound
 from sampling.ops.truncation import Candidates, apply_truncations, top_candidates, whole_vocab
 from sampling.view import RowView
 
@@ -123,17 +124,17 @@ class Sampler:
         scoring the position after the drafts ``cu[i]:cu[i] + j``.
         rows: [n] int64 distinct slots of ``batch``.
         draft_token_ids: [num_rows] int64, the draft verified at each row; -1 at each request's last row.
-        cu_num_rows: [n+1] int64 (on the host it saves a device sync when masks need it).
+        cu_num_rows: [n+1] int64; on the host it gives the exact longest request (sizing the draft-prefix
+        gathers of penalties and token masks), on the device a bound (num_rows - n + 1) that needs no sync.
         Each request emits its accepted drafts, then the token drawn at its first rejection (or the
         bonus token after k accepted drafts); ``batch`` records them.
         """
-        rows = rows.to(logits.device)
-        drafts = draft_token_ids.to(logits.device)
-        view = RowView.of(batch, rows).with_drafts(drafts, cu_num_rows)
+        rows, drafts, cu = (t.to(logits.device) for t in (rows, draft_token_ids, cu_num_rows))
+        view = RowView.of(batch, rows).with_drafts(drafts, cu, max_rows_bound(cu_num_rows, logits.shape[0]))
         out = self._run(logits, view)
         assert out.accepted is not None
         token_ids, num_emitted = first_rejection(out.token_ids, out.accepted, view.first_rows, view.requests, rows.shape[0])
-        batch.record(rows, token_ids, cu_num_rows)
+        batch.record(rows, token_ids, cu)
         return VerifyOutput(token_ids, num_emitted, self._logprobs(out.logprobs, token_ids.clamp(min=0), batch))
 
     def _run(self, logits: torch.Tensor, view: RowView) -> _Rows:

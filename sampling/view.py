@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sampling.batch import RowParams, SamplingBatch
-from sampling.ops.segments import max_rows_bound, segment_rows
+from sampling.ops.segments import segment_rows
 
 
 @dataclass(frozen=True)
@@ -44,18 +44,18 @@ class RowView:
         index = torch.arange(n, device=rows.device)
         return cls(batch, rows, index, torch.zeros_like(index), None, 1, batch.gather(rows))
 
-    def with_drafts(self, draft_token_ids: torch.Tensor, cu_num_rows: torch.Tensor) -> RowView:
+    def with_drafts(self, draft_token_ids: torch.Tensor, cu_num_rows: torch.Tensor, max_rows_per_request: int) -> RowView:
         """Expand each request ``i`` of this view into rows ``cu[i]:cu[i+1]``, row ``cu[i] + j`` verifying
-        ``draft_token_ids[cu[i] + j]`` after the drafts ``cu[i]:cu[i] + j``. draft_token_ids [N] int64 (-1 at
-        each request's last row); cu_num_rows [n+1] int64 (on the host it avoids a device sync)."""
-        num_rows = draft_token_ids.shape[0]
-        bound = max_rows_bound(cu_num_rows, num_rows)
-        cu = cu_num_rows.to(self.slots.device)
-        requests, offsets = segment_rows(cu, num_rows)
+        ``draft_token_ids[cu[i] + j]`` after the drafts ``cu[i]:cu[i] + j``.
+
+        draft_token_ids: [N] int64, -1 at each request's last row. cu_num_rows: [n+1] int64 on the device.
+        max_rows_per_request: a host-side upper bound on ``cu[i+1] - cu[i]`` (`max_rows_bound`).
+        """
+        requests, offsets = segment_rows(cu_num_rows, draft_token_ids.shape[0])
         slots = self.slots[requests]
         params = self.batch.gather(slots)
         params = dataclasses.replace(params, output_pos=params.output_pos + offsets)
-        return RowView(self.batch, slots, requests, offsets, draft_token_ids, bound, params)
+        return RowView(self.batch, slots, requests, offsets, draft_token_ids, max_rows_per_request, params)
 
     @property
     def first_rows(self) -> torch.Tensor:

@@ -32,13 +32,10 @@ def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: t
     return (weights / exponential(row_keys, token_ids)).argmax(dim=-1)
 
 
-def draw(c: Candidates, row_keys: torch.Tensor, excluded: torch.Tensor | None = None) -> torch.Tensor:
+def draw(c: Candidates, row_keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """One token id per row from the kept candidates, [n] int64.
 
-    excluded: [n] a token per row given weight 0 (-1: none); the race over the others is unchanged.
+    weights: [n, K] to race instead of ``c.kept_probs()`` (a subset of it, e.g. with a token removed).
     """
-    weights = c.kept_probs()
-    ids = c.token_ids()
-    if excluded is not None:
-        weights = weights.masked_fill(ids == excluded[:, None], 0.0)
-    return c.id_at(exponential_race(weights, ids, row_keys))
+    weights = c.kept_probs() if weights is None else weights
+    return c.id_at(exponential_race(weights, c.token_ids(), row_keys))

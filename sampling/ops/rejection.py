@@ -28,11 +28,11 @@ def accept_or_recover(c: Candidates, drafts: torch.Tensor, row_keys: torch.Tenso
     """
     weights = c.kept_probs()
     is_draft = c.token_ids() == drafts[:, None]
-    p_draft = torch.where(is_draft, weights, torch.zeros_like(weights)).sum(dim=-1) / weights.sum(dim=-1)
-    others_left = torch.where(is_draft, torch.zeros_like(weights), weights).amax(dim=-1) > 0
+    others = weights.masked_fill(is_draft, 0.0)
+    p_draft = (weights * is_draft).sum(dim=-1) / weights.sum(dim=-1)
     coin = uniform(row_keys, torch.tensor([ACCEPT_COIN_TOKEN], device=row_keys.device)).squeeze(1)
-    accepted = (drafts >= 0) & ((coin <= p_draft) | ~others_left)
-    return torch.where(accepted, drafts, draw(c, row_keys, excluded=drafts)), accepted
+    accepted = (drafts >= 0) & ((coin <= p_draft) | (others.amax(dim=-1) == 0))
+    return torch.where(accepted, drafts, draw(c, row_keys, others)), accepted
 
 
 def first_rejection(

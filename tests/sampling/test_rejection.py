@@ -8,30 +8,36 @@ import torch
 from sampling_helpers import verify_layout
 
 from sampling.batch import SamplingBatch
+from sampling.ops.segments import max_rows_bound
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
+from sampling.view import RowView
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 VOCAB = 16
 EOS = 2
 PROMPT = [1, 3, 1, 3]
 PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
-MODES = pytest.mark.parametrize("mode", ["raw", "processed"])
+PATHS_AND_MODES = pytest.mark.parametrize(
+    "use_triton, mode", [(False, "raw"), (False, "processed"), (True, "processed")], ids=["torch-raw", "torch-processed", "triton"]
+)
+"""Raw logprobs are computed before the kernel runs, so the kernel is checked in processed mode only."""
 
 MIXED = [
     SamplingParams(temperature=0.0),
     SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5, logprobs=3),
-    SamplingParams(),
+    SamplingParams(top_k=4, min_p=0.05),
     SamplingParams(seed=7, top_p=0.8, presence_penalty=0.6),
-    SamplingParams(seed=8, top_k=4, min_p=0.05, dry_multiplier=1.0, dry_allowed_length=1, dry_sequence_breakers=["z"]),
+    SamplingParams(seed=8, dry_multiplier=1.0, dry_allowed_length=1, dry_sequence_breakers=["z"]),
     SamplingParams(seed=9, bad_words=["ad", "c"], min_tokens=3, stop_token_ids=[5], logit_bias={6: 2.0}),
     SamplingParams(seed=10, allowed_token_ids=[1, 3, 4, 6, 9], typical_p=0.8, top_n_sigma=1.5),
     SamplingParams(seed=11, xtc_probability=0.7, xtc_threshold=0.1, temperature=1.3, logprobs=2),
     SamplingParams(temperature=0.7, repetition_penalty=1.3, bad_words=["de"]),
 ]
 """One row per feature family: greedy, unseeded, seeded, penalties, DRY, bad words, min_tokens, bias, allowlist, truncations."""
-DRAFTS = [[5, 5], [3, 1, 3], [], [7, 7, 7, 7], [1, 3, 1, 3], [1, 4, 4, EOS], [1, 9, 3], [0, 12, 0], [13, 14, 15]]
-"""Drafts per MIXED row: repeats (penalties, DRY), a completed bad word ("ad" = 1, 4), EOS before and after min_tokens."""
+DRAFTS = [[5, 5], [3, 1, 3], [], [7, 7, 7, 7], [7, 8, 7, 8], [1, 4, 4, EOS], [1, 9, 3], [0, 12, 0], [13, 14, 15]]
+"""Drafts per MIXED row: repeats (penalties; DRY: 7 8 7 penalises 8), a completed bad word ("ad" = 1, 4),
+EOS before and after min_tokens."""
 
 
 def encode(text: str) -> list[int]:
@@ -65,14 +71,13 @@ def dense(top_ids: torch.Tensor, top_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.full((VOCAB,), float("-inf")).scatter_(0, top_ids.cpu(), top_logprobs.cpu())
 
 
-@PATHS
-@MODES
+@PATHS_AND_MODES
 def test_verify_without_drafts_equals_call(use_triton: bool, mode: str) -> None:
     """k_i = 0 for every request: the same tokens (seeded and unseeded), logprobs and batch state as `__call__`."""
     sampler = Sampler(logprobs_mode=mode, use_triton=use_triton)
     plain, verified = make_batch(MIXED), make_batch(MIXED)
     rows = torch.arange(len(MIXED), device=DEVICE)
-    for step in range(4):
+    for step in range(3):
         logits = random_logits(len(MIXED), seed=step)
         torch.manual_seed(step)
         expected = sampler(logits, rows, plain)
@@ -85,8 +90,7 @@ def test_verify_without_drafts_equals_call(use_triton: bool, mode: str) -> None:
     assert_same_state(plain, verified)
 
 
-@PATHS
-@MODES
+@PATHS_AND_MODES
 def test_each_row_is_scored_after_the_drafts_before_it(use_triton: bool, mode: str) -> None:
     """Row j's logprobs (every transform) equal `__call__`'s after recording d_0..d_{j-1}; so do the emitted token's."""
     params = [p.model_copy(update={"logprobs": VOCAB}) for p in MIXED]
@@ -193,3 +197,19 @@ def test_batched_record_equals_repeated_single_records() -> None:
         single.record(torch.tensor([r for r, _ in step], device=DEVICE), torch.tensor([x for _, x in step], device=DEVICE))
     assert_same_state(batched, single)
     assert batched.output_pos.tolist() == [3, 4, 0, 1, 2]
+
+
+def test_a_loose_rows_bound_changes_nothing() -> None:
+    """On an accelerator the longest request is bounded by num_rows - n + 1 (no sync); the stage inputs are the same."""
+    draft_ids, cu = verify_layout(DRAFTS)
+    assert max_rows_bound(cu, len(draft_ids)) == 5
+    assert max_rows_bound(cu.to("meta"), len(draft_ids)) == len(draft_ids) - len(DRAFTS) + 1
+    batch = make_batch(MIXED)
+    plain = RowView.of(batch, torch.arange(len(MIXED), device=DEVICE))
+    exact = plain.with_drafts(draft_ids.to(DEVICE), cu.to(DEVICE), 5)
+    loose = plain.with_drafts(draft_ids.to(DEVICE), cu.to(DEVICE), len(draft_ids))
+    assert torch.equal(exact.output_counts(), loose.output_counts())
+    table = batch.entries.table()
+    assert table is not None
+    assert torch.equal(exact.rows_of_slots(table.slot), loose.rows_of_slots(table.slot)[:, :5])
+    assert (loose.rows_of_slots(table.slot)[:, 5:] == -1).all()
