@@ -281,9 +281,13 @@ class SamplingBatch:
             ones = emitted.to(self.output_counts.dtype)
             self.output_counts.index_put_((slots, token_ids.clamp(min=0)), ones, accumulate=True)
         if self.history is not None and self.history_len is not None:
-            # Rows after the last token write -1 past the new end, where the history already holds -1.
-            position = (self.history_len[slots] + offsets).clamp(max=self.max_model_len - 1)
-            self.history[slots, position] = token_ids
+            # Written as a difference added at the row's position, so that rows that write nothing (after
+            # the last token, or past max_model_len, which the engine never reaches) add 0 wherever they land.
+            position = self.history_len[slots] + offsets
+            writes = emitted & (position < self.max_model_len)
+            index = (slots, position.clamp(max=self.max_model_len - 1))
+            change = torch.where(writes, token_ids - self.history[index], torch.zeros_like(token_ids))
+            self.history.index_put_(index, change, accumulate=True)
             self.history_len.index_add_(0, slots, emitted.to(torch.int64))
             self.history_len.clamp_(max=self.max_model_len)
 

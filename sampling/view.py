@@ -87,9 +87,8 @@ class RowView:
     def history(self) -> torch.Tensor:
         """[N, L] int64 tokens (prompt, outputs, then the drafts before the row), -1 past the end."""
         assert self.batch.history is not None
-        length = self.batch.history.shape[1]
-        positions = torch.arange(length, device=self.slots.device).expand(self.slots.shape[0], length)
-        return self._tokens_at(positions)
+        positions = torch.arange(self.batch.history.shape[1], device=self.slots.device)[None, :]
+        return self._with_drafts(self.batch.history[self.slots], positions)
 
     def history_len(self) -> torch.Tensor:
         """[N] length of `history` (capped at its width)."""
@@ -104,11 +103,13 @@ class RowView:
     def last_outputs(self, width: int) -> torch.Tensor:
         """[N, width] int64: the row's last ``width`` output tokens (drafts included), oldest first;
         -1 where there are fewer outputs."""
-        assert self.batch.history_len is not None
+        history, history_len = self.batch.history, self.batch.history_len
+        assert history is not None and history_len is not None
         end = self._unclamped_history_len()[:, None]
         positions = end - width + torch.arange(width, device=end.device)
-        first_output = (self.batch.history_len - self.batch.output_pos)[self.slots][:, None]
-        tokens = self._tokens_at(positions)
+        tokens = history[self.slots[:, None], positions.clamp(0, history.shape[1] - 1)]
+        tokens = self._with_drafts(tokens, positions)
+        first_output = (history_len - self.batch.output_pos)[self.slots][:, None]
         return torch.where(positions >= first_output, tokens, torch.full_like(tokens, -1))
 
     def rows_of_slots(self, slots: torch.Tensor) -> torch.Tensor:
@@ -141,15 +142,14 @@ class RowView:
         is_earlier = j < self.offsets[:, None]
         return torch.where(is_earlier, self.drafts[source], torch.full_like(source, -1)), is_earlier
 
-    def _tokens_at(self, positions: torch.Tensor) -> torch.Tensor:
-        """[N, K] the row's history token at each of ``positions`` [N, K], -1 outside the history."""
-        history, base_len = self.batch.history, self.batch.history_len
-        assert history is not None and base_len is not None
-        tokens = history[self.slots[:, None], positions.clamp(0, history.shape[1] - 1)]
-        if self.drafts is not None:
-            draft_index = positions - base_len[self.slots][:, None]
-            source = (self.first_rows[:, None] + draft_index).clamp(0, self.slots.shape[0] - 1)
-            is_draft = (draft_index >= 0) & (draft_index < self.offsets[:, None])
-            past_end = draft_index >= self.offsets[:, None]
-            tokens = torch.where(is_draft, self.drafts[source], tokens.masked_fill(past_end, -1))
-        return tokens.masked_fill(positions < 0, -1)
+    def _with_drafts(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[N, K] ``tokens`` read from the batch history at ``positions`` ([N, K] or [1, K]), with the
+        positions at and after the slot's history length replaced by the drafts before the row (-1 past them)."""
+        if self.drafts is None:
+            return tokens
+        assert self.batch.history_len is not None
+        draft_index = positions - self.batch.history_len[self.slots][:, None]
+        source = (self.first_rows[:, None] + draft_index).clamp(0, self.slots.shape[0] - 1)
+        is_draft = (draft_index >= 0) & (draft_index < self.offsets[:, None])
+        past_end = draft_index >= self.offsets[:, None]
+        return torch.where(is_draft, self.drafts[source], tokens.masked_fill(past_end, -1))

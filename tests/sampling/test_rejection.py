@@ -213,3 +213,13 @@ def test_a_loose_rows_bound_changes_nothing() -> None:
     assert table is not None
     assert torch.equal(exact.rows_of_slots(table.slot), loose.rows_of_slots(table.slot)[:, :5])
     assert (loose.rows_of_slots(table.slot)[:, 5:] == -1).all()
+
+
+def test_record_never_writes_past_the_history() -> None:
+    """Tokens past max_model_len are counted but not written; padding rows change nothing."""
+    batch = SamplingBatch(2, VOCAB, 6, DEVICE)
+    for row in range(2):
+        batch.add_request(row, SamplingParams(dry_multiplier=0.5), PROMPT)
+    batch.record(torch.tensor([0, 1], device=DEVICE), torch.tensor([7, 8, 9, 10, 11, -1, -1], device=DEVICE), torch.tensor([0, 4, 7]))
+    assert batch.history.tolist() == [[*PROMPT, 7, 8], [*PROMPT, 11, -1]]
+    assert batch.history_len.tolist() == [6, 5] and batch.output_pos.tolist() == [4, 1]
