@@ -11,11 +11,9 @@ import torch
 
 def segment_rows(cu_num_rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(request [N], offset [N]) int64: each row's request index and its position inside the request."""
-    counts = cu_num_rows[1:] - cu_num_rows[:-1]
-    requests = torch.arange(counts.shape[0], device=counts.device)
-    request = torch.repeat_interleave(requests, counts, output_size=num_rows)
-    offset = torch.arange(num_rows, device=counts.device) - cu_num_rows[request]
-    return request, offset
+    rows = torch.arange(num_rows, device=cu_num_rows.device)
+    request = torch.searchsorted(cu_num_rows[1:], rows, right=True)  # requests that end at or before the row
+    return request, rows - cu_num_rows[request]
 
 
 def max_rows_bound(cu_num_rows: torch.Tensor, num_rows: int) -> int:
