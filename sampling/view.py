@@ -80,8 +80,12 @@ class RowView:
         counts = self.batch.output_counts[self.slots]
         if self.drafts is None:
             return counts
-        earlier, is_earlier = self._earlier_drafts()
-        counts.index_put_((self._row_index(earlier), earlier.clamp(min=0)), is_earlier.to(counts.dtype), accumulate=True)
+        num_rows = self.slots.shape[0]
+        j = torch.arange(self.max_rows_per_request, device=self.slots.device)
+        source = (self.first_rows[:, None] + j).clamp(max=num_rows - 1)  # [N, J] rows of the request
+        earlier = (j < self.offsets[:, None]).to(counts.dtype)  # ... that come before the row
+        row = torch.arange(num_rows, device=self.slots.device)[:, None].expand_as(source)
+        counts.index_put_((row, self.drafts[source].clamp(min=0)), earlier, accumulate=True)
         return counts
 
     def history(self) -> torch.Tensor:
@@ -129,18 +133,6 @@ class RowView:
     def _unclamped_history_len(self) -> torch.Tensor:
         assert self.batch.history_len is not None
         return self.batch.history_len[self.slots] + self.offsets
-
-    def _row_index(self, like: torch.Tensor) -> torch.Tensor:
-        """[N, K] row index broadcast to the shape of ``like``."""
-        return torch.arange(self.slots.shape[0], device=like.device)[:, None].expand_as(like)
-
-    def _earlier_drafts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """([N, J] the drafts before each row, in order; [N, J] bool: the entry is one), J = max_rows_per_request."""
-        assert self.drafts is not None
-        j = torch.arange(self.max_rows_per_request, device=self.slots.device)
-        source = (self.first_rows[:, None] + j).clamp(max=self.slots.shape[0] - 1)
-        is_earlier = j < self.offsets[:, None]
-        return torch.where(is_earlier, self.drafts[source], torch.full_like(source, -1)), is_earlier
 
     def _with_drafts(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[N, K] ``tokens`` read from the batch history at ``positions`` ([N, K] or [1, K]), with the
