@@ -133,7 +133,7 @@ class Generation:
                     offsets[i] += len(d.text)
                 yield sse(fmt.chunk(choices))
             if include_usage:
-                yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
+                yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens, submission.streams)))
         except APIError as error:
             yield error.sse_frame()
         finally:
@@ -166,7 +166,7 @@ class Generation:
             fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i])))
             for i in range(len(submission.streams))
         ]
-        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens))
+        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens, submission.streams))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:

@@ -99,6 +99,8 @@ class OutputRouter:
                 self.abort(stream.engine_index, stream.request_id)
             return
         logprobs = logprob_entries(output.logprobs, result.token_strings) if output.logprobs is not None else None
+        stream.num_draft_tokens += output.num_draft_tokens
+        stream.num_accepted_tokens += output.num_accepted_tokens
         if result.stop is not None:
             stream.finished = True
             keep = result.stop.keep_tokens
@@ -128,4 +130,6 @@ def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
         if output.logprobs is not None:
             first.logprobs = (first.logprobs or []) + output.logprobs
         first.finish_reason, first.stop_reason = output.finish_reason, output.stop_reason
+        first.num_draft_tokens += output.num_draft_tokens
+        first.num_accepted_tokens += output.num_accepted_tokens
     return list(merged.values())

@@ -70,3 +70,5 @@ class ChoiceStream:
     mailbox: Mailbox
     detok_state: DetokState
     finished: bool = False
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
