@@ -52,7 +52,7 @@ class Ingress:
         self.tokenizer = load_tokenizer(self.args.model)
         self.engines = engine_handles(self.args)
         self.metrics = IngressMetrics()
-        self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_max_replicas)
+        self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.generation: asyncio.Task[Generation] | None = None
         self.max_model_len: int | None = None
@@ -67,7 +67,7 @@ class Ingress:
     async def _start(self) -> Generation:
         lengths = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
-        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics)
+        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics, self.args.stream_interval)
 
     async def __call__(self, request: Request) -> Response:
         try:
