@@ -101,7 +101,7 @@ def idle_cpu_percent() -> dict[str, float]:
     before = cpu_seconds()
     time.sleep(IDLE_S)
     after = cpu_seconds()
-    return {kind: round((after[kind] - before[kind]) / IDLE_S * 100, 2) for kind in before}
+    return {f"idle_pct_{kind}": round((after[kind] - before[kind]) / IDLE_S * 100, 2) for kind in before}
 
 
 def measure_level(port: int, run: Run, concurrency: int, references: list[str | None]) -> dict:

@@ -124,6 +124,7 @@ class Generation:
         fmt = submission.format
         completion_tokens, unfinished = 0, len(submission.streams)
         first, last = True, 0.0
+        tail = ""  # the last chunk, usage and [DONE] go out in one write
         try:
             offsets = [len(text) for text in submission.echo_texts]
             if fmt.chat or any(submission.echo_texts):
@@ -140,15 +141,18 @@ class Generation:
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
                 completion_tokens += new_tokens
-                yield fmt.chunk_frame(choices)
+                if unfinished:
+                    yield fmt.chunk_frame(choices)
+                else:
+                    tail = fmt.chunk_frame(choices)
             if include_usage:
-                yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
+                tail += sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
         except APIError as error:
-            yield error.sse_frame()
+            tail = error.sse_frame()
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        yield DONE_FRAME
+        yield tail + DONE_FRAME
 
     async def collect(self, submission: Submission) -> dict[str, object]:
         """The whole response body once every choice finished."""

@@ -143,8 +143,7 @@ class Ingress:
         self._check_model(body.model)
         return body
 
-    async def _respond(self, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
-        generation = await self._ready()
+    async def _respond(self, generation: Generation, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
         if body.stream:
             return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
         return JSONResponse(await generation.collect(submission))
@@ -157,7 +156,7 @@ class Ingress:
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        return await self._respond(await generation.submit(fmt, prompts, params, echo=body.echo), body)
+        return await self._respond(generation, await generation.submit(fmt, prompts, params, echo=body.echo), body)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
@@ -169,7 +168,7 @@ class Ingress:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        return await self._respond(await generation.submit(fmt, [prompt], params, echo=False), body)
+        return await self._respond(generation, await generation.submit(fmt, [prompt], params, echo=False), body)
 
     async def models(self, request: Request) -> Response:
         await self._ready()
