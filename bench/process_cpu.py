@@ -50,8 +50,8 @@ def _kind(pid: str) -> str | None:
     return None
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far of each kind, summed over this process's descendants (and "client": this one)."""
+def cpu_seconds() -> dict[str, tuple[str, float]]:
+    """pid -> (kind, CPU seconds so far) of this process (kind "client") and of its descendants that have a kind."""
     stats = {pid: s for pid in filter(str.isdigit, os.listdir("/proc")) if (s := _stat(pid)) is not None}
     me = str(os.getpid())
     ours = {me}
@@ -60,17 +60,21 @@ def cpu_seconds() -> dict[str, float]:
         new = {pid for pid, (ppid, _) in stats.items() if str(ppid) in ours and pid not in ours}
         ours |= new
         grew = bool(new)
-    totals = dict.fromkeys(KINDS, 0.0)
-    totals["client"] = stats[me][1] if me in stats else 0.0
-    for pid in ours - {me}:
-        kind = _kind(pid)
-        if kind is not None:
-            totals[kind] += stats[pid][1]
-    return totals
+    kinds = {pid: _kind(pid) for pid in ours - {me}} | {me: "client"}
+    return {pid: (kind, stats[pid][1]) for pid, kind in kinds.items() if kind is not None}
 
 
-def per_token_us(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+def cpu_used(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds of each kind between two `cpu_seconds` readings. A process that started in
+    between counts from zero; one that ended in between is left out (its last reading is lost)."""
+    used = dict.fromkeys(KINDS, 0.0)
+    for pid, (kind, seconds) in after.items():
+        used[kind] += seconds - before[pid][1] if pid in before else seconds
+    return used
+
+
+def per_token_us(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]], tokens: int) -> dict[str, float]:
     """µs of CPU per output token of each kind between two readings; "egress" sums `EGRESS_KINDS`."""
-    us = {kind: (after[kind] - before[kind]) / max(tokens, 1) * 1e6 for kind in before}
+    us = {kind: seconds / max(tokens, 1) * 1e6 for kind, seconds in cpu_used(before, after).items()}
     us["egress"] = sum(us[kind] for kind in EGRESS_KINDS)
     return {kind: round(value, 1) for kind, value in us.items()}

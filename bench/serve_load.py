@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 from bench.common import RESULTS_DIR, print_table, write_results
 from bench.load_client import completion_body, latency_fields, reference_texts, run_streams
-from bench.process_cpu import cpu_seconds, per_token_us
+from bench.process_cpu import cpu_seconds, cpu_used, per_token_us
 from bench.serve_cluster import PROXY_OPTIONS, ReplicaWatcher, ServeCluster
 from bench.serve_plot import plot_rows
 from bench.serve_report import autoscaling_table, baseline_ratios, proxy_table
@@ -100,8 +100,7 @@ def idle_cpu_percent() -> dict[str, float]:
     """% of a core each process kind uses with no request in flight (Serve's health checks, metrics)."""
     before = cpu_seconds()
     time.sleep(IDLE_S)
-    after = cpu_seconds()
-    return {f"idle_pct_{kind}": round((after[kind] - before[kind]) / IDLE_S * 100, 2) for kind in before}
+    return {f"idle_pct_{kind}": round(seconds / IDLE_S * 100, 2) for kind, seconds in cpu_used(before, cpu_seconds()).items()}
 
 
 def measure_level(port: int, run: Run, concurrency: int, references: list[str | None]) -> dict:

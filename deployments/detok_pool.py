@@ -22,6 +22,7 @@ class Detokenizer:
 
     def __init__(self, model: str) -> None:
         self.tokenizer = load_tokenizer(model).tokenizer
+        detokenize_batch(self.tokenizer, ())  # builds the tokenizer's tables now, not in a request
         self.widest_fanout = 0
 
     def detokenize(self, items: list[DetokItem], fanout: int = 1) -> list[DetokResult]:
@@ -57,6 +58,7 @@ class DetokClient:
 
     def __init__(self, tokenizer: Tokenizer, pool_handle: object | None, inline_threshold: int, tokens_per_call: int) -> None:
         self.tokenizer = tokenizer
+        detokenize_batch(tokenizer, ())  # builds the tokenizer's tables now, not in a request
         self.pool = pool_handle
         self.inline_threshold = inline_threshold
         self.tokens_per_call = tokens_per_call
