@@ -14,7 +14,7 @@ from bench.png_canvas import TEXT_HEIGHT, Canvas, Color
 PALETTE: list[Color] = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]
 GRID: Color = (225, 225, 225)
 WIDTH, HEIGHT = 1280, 640
-MARGIN_LEFT, MARGIN_TOP, PANEL_GAP, LEGEND_HEIGHT = 90, 60, 110, 120
+MARGIN_LEFT, MARGIN_TOP, PANEL_GAP, LEGEND_HEIGHT = 90, 70, 110, 120
 
 
 def _nice_step(span: float) -> float:
@@ -110,6 +110,6 @@ def plot_rows(rows: list[dict], path: Path, proxy: str) -> None:
         canvas.line((x, y + TEXT_HEIGHT // 2), (x + 30, y + TEXT_HEIGHT // 2), colors[mode], width=3)
         canvas.text(x + 38, y, mode)
     note = f"proxy: {proxy}. solid: tiny-random, dashed: smollm2-135m-instruct"
-    canvas.text(WIDTH - 20, HEIGHT - TEXT_HEIGHT - 10, note, anchor="right")
+    canvas.text(WIDTH - 20, 12, note, anchor="right")
     canvas.text(MARGIN_LEFT, 12, "bench.serve_load", anchor="left")
     canvas.save(path)

@@ -29,8 +29,10 @@ from bench.serve_load import HOST, MAIN_PROXY, TIMEOUT_S, Run, build, warm_up
 
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 PROFILED_KINDS = ("ingress", "detok", "engine", "proxy")
-IDLE_FRAMES = ("Worker.main_loop", "Thread.run (threading.py", "_bootstrap", "<module> (ray/_private/workers/default_worker.py")
-"""Frames that hold a thread waiting (Ray's main loop, an idle event loop) rather than working."""
+IDLE_LEAVES = ("Worker.main_loop", "Thread.run (threading.py")
+"""Innermost frames of a waiting thread: Ray's main loop, an event loop in its C poll."""
+WRAPPERS = ("Thread._bootstrap", "Thread.run (threading.py", "<module> (", "_inject_tracing_into_class", "context_decorator")
+"""Frames under every sample of a thread; not shown."""
 
 
 class LoadLoop:
@@ -56,12 +58,12 @@ def summarize(raw: Path, top: int) -> list[str]:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if not stack or any(frames[-1].startswith(idle) for idle in IDLE_FRAMES):
+        if not stack or frames[-1].startswith(IDLE_LEAVES):
             continue
         total += int(count)
         for frame in set(frames):
             inclusive[frame] += int(count)
-    shown = [(f, n) for f, n in inclusive.most_common() if not any(f.startswith(idle) for idle in IDLE_FRAMES)][:top]
+    shown = [(f, n) for f, n in inclusive.most_common() if not f.startswith(WRAPPERS)][:top]
     return [f"  {100 * n / max(total, 1):5.1f}%  {frame[:130]}" for frame, n in shown]
 
 
