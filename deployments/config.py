@@ -25,10 +25,20 @@ class ServeArgs(BaseModel):
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
     detok_min_replicas: int = Field(1, ge=0)
     detok_max_replicas: int = Field(2, ge=1)
-    detok_target_ongoing_requests: float = Field(2.0, gt=0)
+    detok_tokens_per_call: int = Field(
+        256, ge=1, description="A step's pool batch is split into calls of at most this many new tokens; the pool scales to one replica per call."
+    )
+    detok_upscale_delay_s: float = Field(2.0, ge=0)
+    detok_downscale_delay_s: float = Field(30.0, ge=0)
     ingress_replicas: int = Field(1, ge=1)
     inline_detok_threshold: int = Field(
         256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress."
+    )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="Tokens per streamed frame (vLLM's stream_interval): a choice's first token and its last frame go out at once, "
+        "the others once this many wait. Larger values cost less CPU per token and make the text arrive in bigger steps.",
     )
     api_key: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)

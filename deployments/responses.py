@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from deployments.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 from deployments.streams import ChoiceStream
 
 DONE_FRAME = "data: [DONE]\n\n"
+FRAME_END = "]}\n\n"
+"""How every chunk frame ends: its ``choices`` list, its object, the SSE blank line."""
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def sse(payload: dict[str, object]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_JSON.encode(payload)}\n\n"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,15 @@ class ResponseFormat:
 
     def chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
+
+    @cached_property
+    def frame_start(self) -> str:
+        """``data: {"id":...,"choices":[``: how each of this response's chunk frames starts."""
+        return sse(self.chunk([]))[: -len(FRAME_END)]
+
+    def chunk_frame(self, choices: list[dict[str, object]]) -> str:
+        """``sse(self.chunk(choices))``, with the envelope encoded once per response, not per frame."""
+        return self.frame_start + ",".join([_JSON.encode(choice) for choice in choices]) + FRAME_END
 
     def chunk_choice(
         self,
