@@ -26,6 +26,11 @@ def machine_info() -> dict[str, object]:
     return info
 
 
+def device_label(device: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (<GPU name>)``: the device a benchmark row ran on."""
+    return str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -10,9 +10,7 @@ import argparse
 import statistics
 import time
 
-import torch
-
-from bench.common import print_table, write_results
+from bench.common import device_label, print_table, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import load_checkpoint
@@ -55,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_batched_tokens=max(BATCHES) * prompt_len,
     )
     engine = EngineCore(config, checkpoint)
-    device = str(engine.runner.device) + (f" ({torch.cuda.get_device_name()})" if engine.runner.device.type == "cuda" else "")
+    device = device_label(engine.runner.device)
     measure(engine, 1, prompt_len, 2)  # warm-up
     rows = []
     for batch in BATCHES:

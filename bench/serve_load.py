@@ -1,219 +1,185 @@
 """Egress load: N concurrent streaming clients against the real Serve app on loopback.
 
-``python -m bench.serve_load [--quick]`` starts Ray and the app itself (tiny-random, so the
-engine's step is cheap and the egress path is what is measured), and for each detok mode
-(inline only, pool of 1, pool of 2) and concurrency reports TTFT and inter-token latency
-p50/p99, output tokens/s, failed and wrong streams (each stream's text against its
-non-streaming twin), and CPU µs per output token of each process, read from
-/proc. Rows go to bench/results/serve_load.json.
+``python -m bench.serve_load [--quick]`` starts Ray and the apps itself and, for each
+model, Serve proxy option (`bench.serve_cluster`) and mode, starts N streams at once
+(greedy, ``ignore_eos``) and reports TTFT and inter-token latency p50/p99 (the wait
+between frames that carry text, as a client sees it), output tokens/s, tokens per
+frame, failed and wrong streams (each stream's text against its non-streaming twin),
+and CPU µs per output token of each process kind, read from /proc:
+``cpu_us_per_token`` is the egress path (ingress, detok replicas and proxy together);
+the engine, Serve's controller, Ray's own daemons and the load generator ("client")
+are reported apart. Each run also records the processes' idle CPU (% of a core).
+
+Modes: ``inline`` (detok in the ingress, no pool replica), ``pool_1`` / ``pool_2``
+(every step on a pool of 1 / 2 replicas), ``pool_auto`` (the defaults: inline below
+256 tokens a step, else an autoscaling pool of 1 to 2 replicas, whose count is
+recorded over time from ``serve.status()``), ``inline_si4`` (inline with
+``stream_interval=4``), and the per-request-streaming references ``baseline`` (one
+handle call per request, one chunk per token) and ``baseline_50ms`` (Ray Serve LLM's
+default 50 ms chunk batching); see `bench.stream_baseline`. Results go to
+bench/results/serve_load.json and the plot to bench/results/serve_load.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import socket
-import statistics
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
-import httpx
-import ray
-from ray import serve
-
-from bench.common import print_table, write_results
+from bench.common import RESULTS_DIR, print_table, write_results
+from bench.load_client import completion_body, latency_fields, reference_texts, run_streams
+from bench.process_cpu import cpu_seconds, cpu_used, per_token_us
+from bench.serve_cluster import PROXY_OPTIONS, ReplicaWatcher, ServeCluster
+from bench.serve_plot import plot_rows
+from bench.serve_report import autoscaling_table, baseline_ratios, proxy_table
+from bench.stream_baseline import build_baseline
 from deployments import build_app
 
-MODEL = "tiny-random"
-MODES = {
-    "inline": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 1, "detok_max_replicas": 1},
+HOST = "127.0.0.1"
+TIMEOUT_S = 900
+MAIN_PROXY = "throughput_optimized"
+MAX_MODEL_LEN = 256
+SPOUT_MODES: dict[str, dict[str, object]] = {
+    "inline": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1},
     "pool_1": {"inline_detok_threshold": 0, "detok_min_replicas": 1, "detok_max_replicas": 1},
     "pool_2": {"inline_detok_threshold": 0, "detok_min_replicas": 2, "detok_max_replicas": 2},
+    "pool_auto": {"detok_min_replicas": 1, "detok_max_replicas": 2},
+    "inline_si4": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1, "stream_interval": 4},
 }
-PROCESS_TITLES = {"ingress": "Ingress", "detok": "Detokenizer", "engine": "EngineActor", "proxy": "ProxyActor"}
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+BASELINE_MODES = {"baseline": 0.0, "baseline_50ms": 50.0}
+IDLE_S = 3.0
+DOWNSCALE_WAIT_S = 90
+"""Longer than the pool's downscale delay (30 s) plus its metrics window (5 s) and a replica's stop."""
 
 
-@dataclass
-class StreamResult:
-    text: str = ""
-    tokens: int = 0
-    ttft_s: float | None = None
-    gaps_s: list[float] = field(default_factory=list)
-    failed: bool = False
+@dataclass(frozen=True)
+class Run:
+    """One app (``mode``) under one proxy option, swept over ``levels`` of concurrency."""
+
+    model: str
+    proxy: str
+    mode: str
+    levels: tuple[int, ...]
+    max_tokens: int
 
 
-def process_cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) so far of each kind of Ray process, summed over its processes."""
-    totals = dict.fromkeys(PROCESS_TITLES, 0.0)
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        for kind, marker in PROCESS_TITLES.items():
-            if title.startswith("ray::") and marker in title:
-                totals[kind] += (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    return totals
+def full_plan() -> list[Run]:
+    all_levels = (1, 16, 64, 256, 512, 1024)
+    modes = ["inline", "pool_1", "pool_2", "pool_auto", "inline_si4", *BASELINE_MODES]
+    runs = [Run("tiny-random", MAIN_PROXY, mode, all_levels, 64) for mode in modes]
+    runs += [Run("tiny-random", proxy, mode, (16, 256), 64) for proxy in PROXY_OPTIONS if proxy != MAIN_PROXY for mode in ("inline", "baseline")]
+    # The default model decodes about 10x slower on this CPU: fewer levels, modes and tokens.
+    runs += [Run("smollm2-135m-instruct", MAIN_PROXY, mode, (1, 16, 64, 256), 32) for mode in ("inline", "baseline")]
+    return runs
 
 
-def body(index: int, max_tokens: int, stream: bool) -> dict:
-    """Greedy, so the engine's step stays cheap and the egress path is what is measured;
-    tiny-random's greedy continuations differ per prompt."""
-    return {
-        "model": MODEL,
-        "prompt": f"Request {index}: tell me something.",
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": stream,
-    }
+def quick_plan() -> list[Run]:
+    return [Run("tiny-random", MAIN_PROXY, "inline", (1, 64, 256), 32), Run("tiny-random", MAIN_PROXY, "baseline", (256,), 32)]
 
 
-async def stream_one(client: httpx.AsyncClient, index: int, max_tokens: int) -> StreamResult:
-    result = StreamResult()
-    started = last = time.perf_counter()
-    try:
-        async with client.stream("POST", "/v1/completions", json=body(index, max_tokens, True)) as response:
-            if response.status_code != 200:
-                result.failed = True
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    result.failed = True
-                    return result
-                now = time.perf_counter()
-                for choice in chunk["choices"]:
-                    if not choice["text"]:
-                        continue
-                    if result.ttft_s is None:
-                        result.ttft_s = now - started
-                    else:
-                        result.gaps_s.append(now - last)
-                    last = now
-                    result.text += choice["text"]
-                    result.tokens += 1 if choice["logprobs"] is None else len(choice["logprobs"]["tokens"])
-    except httpx.HTTPError:
-        result.failed = True
-    return result
+def build(run: Run):
+    max_num_seqs = max(run.levels)
+    if run.mode in BASELINE_MODES:
+        return build_baseline(run.model, max_num_seqs, MAX_MODEL_LEN, BASELINE_MODES[run.mode])
+    return build_app({"model": run.model, "max_num_seqs": max_num_seqs, "max_model_len": MAX_MODEL_LEN, **SPOUT_MODES[run.mode]})
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _client(base_url: str, concurrency: int, timeout_s: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    return httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits)
-
-
-async def run_streams(base_url: str, concurrency: int, max_tokens: int, timeout_s: float) -> tuple[list[StreamResult], float]:
-    """All streams at once; their results and the wall time they took."""
-    async with _client(base_url, concurrency, timeout_s) as client:
-        started = time.perf_counter()
-        results = await asyncio.wait_for(
-            asyncio.gather(*(stream_one(client, i, max_tokens) for i in range(concurrency))), timeout_s
-        )
-        return results, time.perf_counter() - started
-
-
-async def twin_texts(base_url: str, count: int, max_tokens: int, timeout_s: float) -> list[str | None]:
-    """The non-streaming texts the streams must equal, 64 requests at a time."""
-    twins: list[str | None] = []
-    async with _client(base_url, 64, timeout_s) as client:
-        for start in range(0, count, 64):
-            responses = await asyncio.gather(
-                *(client.post("/v1/completions", json=body(i, max_tokens, False)) for i in range(start, min(count, start + 64)))
-            )
-            twins += [r.json()["choices"][0]["text"] if r.status_code == 200 else None for r in responses]
-    return twins
-
-
-def measure_mode(base_url: str, mode: str, levels: list[int], max_tokens: int, timeout_s: float) -> list[dict]:
-    rows = []
-    for concurrency in levels:
-        cpu_before = process_cpu_seconds()
-        results, elapsed = asyncio.run(run_streams(base_url, concurrency, max_tokens, timeout_s))
-        cpu_after = process_cpu_seconds()  # the streams alone; the twins below are not counted
-        twins = asyncio.run(twin_texts(base_url, concurrency, max_tokens, timeout_s))
-        output_tokens = sum(r.tokens for r in results)
-        cpu_us = {k: (cpu_after[k] - cpu_before[k]) / max(output_tokens, 1) * 1e6 for k in cpu_before}
-        ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
-        gaps = [g for r in results for g in r.gaps_s]
-        row = {
-            "model": MODEL,
-            "mode": mode,
-            "concurrency": concurrency,
-            "ttft_p50_ms": round(percentile(ttfts, 0.5) * 1e3, 1),
-            "ttft_p99_ms": round(percentile(ttfts, 0.99) * 1e3, 1),
-            "itl_p50_ms": round(percentile(gaps, 0.5) * 1e3, 2),
-            "itl_p99_ms": round(percentile(gaps, 0.99) * 1e3, 2),
-            "output_tokens_per_s": round(output_tokens / elapsed, 1),
-            "failed_streams": sum(r.failed for r in results),
-            "wrong_streams": sum(not r.failed and r.text != twin for r, twin in zip(results, twins)),
-            "cpu_us_per_token": round(sum(cpu_us.values()), 1),
-        }
-        row |= {f"cpu_us_{kind}": round(value, 1) for kind, value in cpu_us.items()}
-        rows.append(row)
-        print_table([row])
-    return rows
-
-
-def wait_healthy(base_url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def warm_up(port: int, model: str) -> None:
+    """A few streams until one round succeeds: the engine is loaded and every path has run once."""
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base_url}/health", timeout=30).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the Serve app did not become healthy")
+        results, _ = asyncio.run(run_streams(HOST, port, [completion_body(model, i, 4, True) for i in range(4)], 120))
+        if not any(r.failed for r in results):
+            return
+        time.sleep(1)
+    raise RuntimeError("the app did not answer")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def idle_cpu_percent() -> dict[str, float]:
+    """% of a core each process kind uses with no request in flight (Serve's health checks, metrics)."""
+    before = cpu_seconds()
+    time.sleep(IDLE_S)
+    return {f"idle_pct_{kind}": round(seconds / IDLE_S * 100, 2) for kind, seconds in cpu_used(before, cpu_seconds()).items()}
+
+
+def measure_level(port: int, run: Run, concurrency: int, references: list[str | None]) -> dict:
+    bodies = [completion_body(run.model, i, run.max_tokens, stream=True) for i in range(concurrency)]
+    before = cpu_seconds()
+    results, elapsed = asyncio.run(run_streams(HOST, port, bodies, TIMEOUT_S))
+    cpu = per_token_us(before, cpu_seconds(), sum(r.tokens for r in results))
+    row = {"model": run.model, "mode": run.mode, "proxy": run.proxy, "concurrency": concurrency}
+    row |= latency_fields(results, references, elapsed)
+    row["cpu_us_per_token"] = cpu.pop("egress")
+    return row | {f"cpu_us_{kind}": value for kind, value in cpu.items()}
+
+
+def sweep(cluster: ServeCluster, run: Run, references: dict[str, list[str | None]], watcher: ReplicaWatcher | None = None) -> tuple[list[dict], dict]:
+    """Deploy ``run``'s app, measure each level, delete it; the rows and the idle CPU. With a
+    ``watcher``, label its phases and, after the last level, wait for the pool to scale down."""
+    port = cluster.deploy(build(run), run.mode)
+    warm_up(port, run.model)
+    if run.model not in references:  # once per model, from the first spout app, not timed
+        bodies = [completion_body(run.model, i, run.max_tokens, stream=False) for i in range(max(run.levels))]
+        references[run.model] = asyncio.run(reference_texts(HOST, port, bodies, 64, TIMEOUT_S))
+    idle = {"model": run.model, "mode": run.mode, "proxy": run.proxy} | idle_cpu_percent()
+    rows = []
+    for concurrency in run.levels:
+        if watcher is not None:
+            watcher.phase = f"{concurrency} streams"
+        rows.append(measure_level(port, run, concurrency, references[run.model]))
+        print_table(rows[-1:])
+    if watcher is not None:
+        watcher.phase = "idle"
+        watcher.scaled_down_s = watcher.wait_for(running=1, timeout_s=DOWNSCALE_WAIT_S)
+        watcher.phase = "app deleted"
+    cluster.delete(run.mode)
+    return rows, idle
+
+
+def run_plan(plan: list[Run]) -> tuple[list[dict], list[dict], dict]:
+    """Every run, one Ray cluster per proxy option; rows, idle CPU per run, the autoscaling record."""
+    rows: list[dict] = []
+    idle: list[dict] = []
+    autoscaling: dict = {}
+    references: dict[str, list[str | None]] = {}
+    for proxy in dict.fromkeys(run.proxy for run in plan):
+        with ServeCluster(proxy) as cluster:
+            for run in (r for r in plan if r.proxy == proxy):
+                if run.mode != "pool_auto":
+                    new_rows, new_idle = sweep(cluster, run, references)
+                else:
+                    with ReplicaWatcher(run.mode, "Detokenizer") as watcher:
+                        new_rows, new_idle = sweep(cluster, run, references, watcher)
+                    autoscaling = {"timeline": watcher.timeline, "scaled_down_after_load_s": watcher.scaled_down_s}
+                rows += new_rows
+                idle.append(new_idle)
+    return rows, idle, autoscaling
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="concurrency 1, 16, 64, 256 and short outputs")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny-random, inline (1, 64, 256 streams) and baseline (256), 32 tokens")
     args = parser.parse_args(argv)
-    levels = [1, 16, 64, 256] if args.quick else [1, 16, 64, 256, 512, 1024]
-    max_tokens = 32 if args.quick else 64
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    rows: list[dict] = []
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
-        for mode, options in MODES.items():
-            app = build_app({"model": MODEL, "max_num_seqs": 256, "max_model_len": 256, **options})
-            serve.run(app, name="spout", route_prefix="/", blocking=False)
-            base_url = f"http://127.0.0.1:{port}"
-            wait_healthy(base_url, timeout_s=300)
-            asyncio.run(run_streams(base_url, 4, 4, 120))  # warm-up: engine loaded, paths compiled
-            rows += measure_mode(base_url, mode, levels, max_tokens, timeout_s=600)
-            serve.delete("spout")
-            # The engine actor is owned by the ingress replica and goes with it.
-            time.sleep(2)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    plan = quick_plan() if args.quick else full_plan()
+    started = time.monotonic()
+    rows, idle, autoscaling = run_plan(plan)
     print_table(rows)
-    summary = {"max_tokens": max_tokens, "median_cpu_us_per_token": statistics.median(r["cpu_us_per_token"] for r in rows)}
+    ratios = baseline_ratios(rows)
+    for table in (ratios, proxy_table(rows), idle, autoscaling_table(autoscaling)):
+        print()
+        print_table(table)
+    summary = {
+        "wall_s": round(time.monotonic() - started),
+        "main_proxy": MAIN_PROXY,
+        "proxy_options": {name: env for name, env in PROXY_OPTIONS.items()},
+        "plan": [asdict(run) for run in plan],
+        "baseline_ratio": ratios,
+        "autoscaling": autoscaling,
+        "idle_cpu_percent": idle,
+    }
     print(f"wrote {write_results('serve_load', rows, quick=args.quick, **summary)}")
+    plot_rows(rows, RESULTS_DIR / "serve_load.png", MAIN_PROXY)
 
 
 if __name__ == "__main__":

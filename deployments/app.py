@@ -6,7 +6,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import ServeArgs
-from deployments.detok_pool import Detokenizer
+from deployments.detok_pool import Detokenizer, fanout_autoscaling_policy
 from deployments.ingress import Ingress
 
 QUIET_LOGS = {"enable_access_log": False, "log_level": "WARNING"}
@@ -21,9 +21,13 @@ def build_app(args: dict[str, str] | None = None) -> Application:
         autoscaling_config={
             "min_replicas": config.detok_min_replicas,
             "max_replicas": config.detok_max_replicas,
-            "target_ongoing_requests": config.detok_target_ongoing_requests,
-            "upscale_delay_s": 2.0,
-            "downscale_delay_s": 30.0,
+            "policy": {"policy_function": fanout_autoscaling_policy},
+            # The widest step of the last few seconds, reported by each replica twice a second.
+            "aggregation_function": "max",
+            "look_back_period_s": 5.0,
+            "metrics_interval_s": 0.5,
+            "upscale_delay_s": config.detok_upscale_delay_s,
+            "downscale_delay_s": config.detok_downscale_delay_s,
         },
         max_ongoing_requests=16,
         ray_actor_options={"num_cpus": 0.5},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import DEFAULT_MODEL, EngineConfig
+from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 
 class ServeArgs(BaseModel):
@@ -18,13 +19,26 @@ class ServeArgs(BaseModel):
     max_num_seqs: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=2)
     max_num_batched_tokens: int = Field(512, ge=1)
+    num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
+    prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
+    prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
     detok_min_replicas: int = Field(1, ge=0)
     detok_max_replicas: int = Field(2, ge=1)
-    detok_target_ongoing_requests: float = Field(2.0, gt=0)
+    detok_tokens_per_call: int = Field(
+        256, ge=1, description="A step's pool batch is split into calls of at most this many new tokens; the pool scales to one replica per call."
+    )
+    detok_upscale_delay_s: float = Field(2.0, ge=0)
+    detok_downscale_delay_s: float = Field(30.0, ge=0)
     ingress_replicas: int = Field(1, ge=1)
     inline_detok_threshold: int = Field(
         256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress."
+    )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="Tokens per streamed frame (vLLM's stream_interval): a choice's first token and its last frame go out at once, "
+        "the others once this many wait. Larger values cost less CPU per token and make the text arrive in bigger steps.",
     )
     api_key: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
@@ -41,4 +55,7 @@ class ServeArgs(BaseModel):
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            num_speculative_tokens=self.num_speculative_tokens,
+            prompt_lookup_min=self.prompt_lookup_min,
+            prompt_lookup_max=self.prompt_lookup_max,
         )

@@ -94,6 +94,8 @@ class EngineActor:
                 "running": engine.num_running,
                 "waiting": engine.num_waiting,
                 "generated_tokens": engine.num_generated_tokens,
+                "draft_tokens": engine.num_draft_tokens,
+                "accepted_tokens": engine.num_accepted_tokens,
                 "steps": self.num_steps,
             }
         )

@@ -41,8 +41,17 @@ class Submission:
 class Generation:
     """Owns this ingress replica's engine handles, output router and batched add/abort calls."""
 
-    def __init__(self, engines: list[object], subscriber: str, tokenizer: TextTokenizer, detok: DetokClient, metrics: IngressMetrics) -> None:
+    def __init__(
+        self,
+        engines: list[object],
+        subscriber: str,
+        tokenizer: TextTokenizer,
+        detok: DetokClient,
+        metrics: IngressMetrics,
+        stream_interval: int = 1,
+    ) -> None:
         self.engines = engines
+        self.stream_interval = stream_interval
         self.subscriber = subscriber
         self.tokenizer = tokenizer
         self.metrics = metrics
@@ -78,7 +87,7 @@ class Generation:
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
         """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
         engine_index = self._pick_engine()
-        mailbox = Mailbox()
+        mailbox = Mailbox(self.stream_interval)
         streams, requests, echo_texts = [], [], []
         for prompt_index, prompt in enumerate(prompts):
             state = initial_state(self.tokenizer.tokenizer, prompt, params)
@@ -128,31 +137,35 @@ class Generation:
         fmt = submission.format
         completion_tokens, unfinished = 0, len(submission.streams)
         first, last = True, 0.0
+        tail = ""  # the last chunk, usage and [DONE] go out in one write
         try:
             offsets = [len(text) for text in submission.echo_texts]
             if fmt.chat or any(submission.echo_texts):
-                yield sse(fmt.chunk([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)]))
+                yield fmt.chunk_frame([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)])
             while unfinished:
                 deltas = await submission.mailbox.take()
                 now = time.perf_counter()
-                new_tokens = sum(len(d.token_ids) for d in deltas.values())
+                new_tokens, choices = 0, []
+                for i, d in sorted(deltas.items()):
+                    new_tokens += len(d.token_ids)
+                    unfinished -= d.finish_reason is not None
+                    choices.append(fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason, fmt.logprobs(d.logprobs, offsets[i])))
+                    offsets[i] += len(d.text)
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
                 completion_tokens += new_tokens
-                unfinished -= sum(1 for d in deltas.values() if d.finish_reason is not None)
-                choices = []
-                for i, d in sorted(deltas.items()):
-                    choices.append(fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason, fmt.logprobs(d.logprobs, offsets[i])))
-                    offsets[i] += len(d.text)
-                yield sse(fmt.chunk(choices))
+                if unfinished:
+                    yield fmt.chunk_frame(choices)
+                else:
+                    tail = fmt.chunk_frame(choices)
             if include_usage:
-                yield sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens)))
+                tail += sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens, submission.streams)))
         except APIError as error:
-            yield error.sse_frame()
+            tail = error.sse_frame()
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        yield DONE_FRAME
+        yield tail + DONE_FRAME
 
     async def collect(self, submission: Submission) -> dict[str, object]:
         """The whole response body once every choice finished."""
@@ -179,7 +192,7 @@ class Generation:
             fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i])))
             for i in range(len(submission.streams))
         ]
-        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens))
+        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens, submission.streams))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:

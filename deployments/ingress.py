@@ -55,7 +55,7 @@ class Ingress:
         self.tokenizer = load_tokenizer(self.args.model)
         self.engines = engine_handles(self.args)
         self.metrics = IngressMetrics()
-        self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_max_replicas)
+        self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.generation: asyncio.Task[Generation] | None = None
         self.max_model_len: int | None = None
@@ -71,7 +71,7 @@ class Ingress:
     async def _start(self) -> Generation:
         lengths = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
-        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics)
+        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics, self.args.stream_interval)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -150,8 +150,7 @@ class Ingress:
         self._check_model(body.model)
         return body
 
-    async def _respond(self, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
-        generation = await self._ready()
+    async def _respond(self, generation: Generation, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
         if body.stream:
             return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
         return JSONResponse(await generation.collect(submission))
@@ -164,7 +163,7 @@ class Ingress:
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        return await self._respond(await generation.submit(fmt, prompts, params, echo=body.echo), body)
+        return await self._respond(generation, await generation.submit(fmt, prompts, params, echo=body.echo), body)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
@@ -176,7 +175,7 @@ class Ingress:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        return await self._respond(await generation.submit(fmt, [prompt], params, echo=False), body)
+        return await self._respond(generation, await generation.submit(fmt, [prompt], params, echo=False), body)
 
     async def models(self, request: Request) -> Response:
         await self._ready()
@@ -197,12 +196,15 @@ class Ingress:
 
     async def metrics_text(self, request: Request) -> Response:
         gauges: dict[str, float] = {}
+        engine_counters: dict[str, float] = {}
         for index, engine in enumerate(self.engines):
             stats = await engine.stats.remote()  # type: ignore[attr-defined]
             gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
             gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
+            for kind in ("generated", "draft", "accepted"):
+                engine_counters[f'spout_engine_{kind}_tokens_total{{engine="{index}"}}'] = stats[f"{kind}_tokens"]
         generation = await self._ready()
         gauges["spout_live_choices"] = len(generation.router.streams)  # engine requests this replica still routes
         total = self.detok.inline_batches + self.detok.pool_batches
         gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
-        return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render(gauges, engine_counters), media_type="text/plain; version=0.0.4")

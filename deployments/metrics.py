@@ -51,10 +51,12 @@ class IngressMetrics:
         self.itl = Histogram("spout_inter_token_latency_seconds", "Time between streamed deltas, per token.", LATENCY_BUCKETS_S)
         self.detok_batch = Histogram("spout_detok_batch_requests", "Requests per detokenizer batch.", BATCH_BUCKETS)
 
-    def render(self, gauges: dict[str, float]) -> str:
+    def render(self, gauges: dict[str, float], counters: dict[str, float]) -> str:
+        """This replica's metrics, then ``gauges`` and ``counters`` read from elsewhere (the engines)."""
         lines: list[str] = []
         for metric in (self.requests, self.aborts, self.tokens, self.ttft, self.itl, self.detok_batch):
             lines += metric.render()
-        for name, value in gauges.items():
-            lines += [f"# TYPE {name} gauge", f"{name} {value}"]
+        for kind, values in (("gauge", gauges), ("counter", counters)):
+            for name, value in values.items():
+                lines += [f"# TYPE {name.split('{')[0]} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"

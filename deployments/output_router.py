@@ -79,14 +79,17 @@ class OutputRouter:
                     logger.exception("routing engine outputs failed")
 
     async def _route(self, outputs: list[EngineOutput]) -> None:
-        outputs = merge_outputs(outputs)
-        live = [(self.streams[o.request_id], o) for o in outputs if o.request_id in self.streams and not self.streams[o.request_id].finished]
+        live: list[tuple[ChoiceStream, EngineOutput]] = []
+        items: list[DetokItem] = []
+        for output in merge_outputs(outputs):
+            stream = self.streams.get(output.request_id)
+            if stream is None or stream.finished:
+                continue
+            live.append((stream, output))
+            logprob_ids = () if output.logprobs is None else logprob_token_ids(output.new_token_ids, output.logprobs)
+            items.append(DetokItem(stream.detok_state, output.new_token_ids, output.finish_reason is not None, logprob_ids))
         if not live:
             return
-        items = [
-            DetokItem(s.detok_state, o.new_token_ids, o.finish_reason is not None, logprob_token_ids(o.new_token_ids, o.logprobs or []))
-            for s, o in live
-        ]
         self.metrics.detok_batch.observe(len(items))
         results = await self.detok.detokenize(items)
         for (stream, output), result in zip(live, results):
@@ -103,10 +106,12 @@ class OutputRouter:
                 self.abort(stream.engine_index, stream.request_id)
             return
         logprobs = logprob_entries(output.logprobs, result.token_strings) if output.logprobs is not None else None
+        stream.num_draft_tokens += output.num_draft_tokens
+        stream.num_accepted_tokens += output.num_accepted_tokens
         if result.stop is not None:
             stream.finished = True
             keep = result.stop.keep_tokens
-            token_ids = list(output.new_token_ids[:keep])
+            token_ids = output.new_token_ids[:keep]
             stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep])
             if output.finish_reason is None:
                 self.metrics.aborts.inc("stop_string")
@@ -114,7 +119,7 @@ class OutputRouter:
             return
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
-        stream.mailbox.push(stream.index, result.text, list(output.new_token_ids), finish_reason, output.stop_reason, logprobs)
+        stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs)
 
 
 def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
@@ -132,4 +137,6 @@ def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
         if output.logprobs is not None:
             first.logprobs = (first.logprobs or []) + output.logprobs
         first.finish_reason, first.stop_reason = output.finish_reason, output.stop_reason
+        first.num_draft_tokens += output.num_draft_tokens
+        first.num_accepted_tokens += output.num_accepted_tokens
     return list(merged.values())

@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from deployments.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
+from deployments.streams import ChoiceStream
 
 DONE_FRAME = "data: [DONE]\n\n"
+FRAME_END = "]}\n\n"
+"""How every chunk frame ends: its ``choices`` list, its object, the SSE blank line."""
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def sse(payload: dict[str, object]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_JSON.encode(payload)}\n\n"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,15 @@ class ResponseFormat:
 
     def chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
+
+    @cached_property
+    def frame_start(self) -> str:
+        """``data: {"id":...,"choices":[``: how each of this response's chunk frames starts."""
+        return sse(self.chunk([]))[: -len(FRAME_END)]
+
+    def chunk_frame(self, choices: list[dict[str, object]]) -> str:
+        """``sse(self.chunk(choices))``, with the envelope encoded once per response, not per frame."""
+        return self.frame_start + ",".join([_JSON.encode(choice) for choice in choices]) + FRAME_END
 
     def chunk_choice(
         self,
@@ -56,10 +70,10 @@ class ResponseFormat:
             return None
         return chat_logprobs(entries) if self.chat else completion_logprobs(entries, text_offset)
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, object]:
+    def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
         return self.chunk([]) | {"usage": usage}
 
-    def full(self, choices: list[dict[str, object]], usage: dict[str, int]) -> dict[str, object]:
+    def full(self, choices: list[dict[str, object]], usage: dict[str, object]) -> dict[str, object]:
         return self._envelope("chat.completion" if self.chat else "text_completion", choices) | {"usage": usage}
 
     def full_choice(
@@ -78,5 +92,11 @@ class ResponseFormat:
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, streams: list[ChoiceStream]) -> dict[str, object]:
+    """OpenAI usage; drafted tokens, when any, as ``completion_tokens_details`` (accepted and rejected predictions)."""
+    counts: dict[str, object] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    drafted = sum(stream.num_draft_tokens for stream in streams)
+    if drafted == 0:
+        return counts
+    accepted = sum(stream.num_accepted_tokens for stream in streams)
+    return counts | {"completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}}

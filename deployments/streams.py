@@ -22,10 +22,17 @@ class ChoiceDelta:
 
 
 class Mailbox:
-    """The deltas of one HTTP request's choices; a slow reader gets them coalesced."""
+    """The deltas of one HTTP request's choices; a slow reader gets them coalesced.
 
-    def __init__(self) -> None:
+    The reader is woken for a choice's first delta, once ``stream_interval`` tokens
+    wait for one choice, when a choice finishes, and on error (vLLM's ``stream_interval``):
+    with an interval of n, a stream sends about one frame per n tokens.
+    """
+
+    def __init__(self, stream_interval: int = 1) -> None:
+        self.stream_interval = stream_interval
         self.pending: dict[int, ChoiceDelta] = {}
+        self.started: set[int] = set()
         self.error: APIError | None = None
         self.ready = asyncio.Event()
 
@@ -38,13 +45,16 @@ class Mailbox:
         stop_reason: int | str | None,
         logprobs: list[LogprobEntry] | None,
     ) -> None:
-        delta = self.pending.setdefault(index, ChoiceDelta())
+        delta = self.pending.get(index)
+        if delta is None:
+            delta = self.pending[index] = ChoiceDelta()
         delta.text += text
-        delta.token_ids.extend(token_ids)
+        delta.token_ids += token_ids  # copies: the engine's list is not kept
         if logprobs is not None:
             delta.logprobs = (delta.logprobs or []) + logprobs
         delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
-        self.ready.set()
+        if finish_reason is not None or len(delta.token_ids) >= self.stream_interval or index not in self.started:
+            self.ready.set()
 
     def fail(self, error: APIError) -> None:
         self.error = error
@@ -57,6 +67,7 @@ class Mailbox:
         if self.error is not None:
             raise self.error
         pending, self.pending = self.pending, {}
+        self.started.update(pending)
         return pending
 
 
@@ -70,3 +81,5 @@ class ChoiceStream:
     mailbox: Mailbox
     detok_state: DetokState
     finished: bool = False
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -36,6 +38,10 @@ class EngineConfig:
     prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
     ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
     N's sampled ids reach the host (see `EngineCore.step`).
+
+    ``num_speculative_tokens`` (K) tokens are drafted per step for each decoding
+    request by prompt lookup, matching its last ``prompt_lookup_max`` down to
+    ``prompt_lookup_min`` tokens; a request may set its own values, 0 turns it off.
     """
 
     model: str = DEFAULT_MODEL
@@ -46,3 +52,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     seed: int = 0
     async_scheduling: bool | None = None
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_NGRAM_SIZE:
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= {MAX_NGRAM_SIZE}, "
+                f"got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )

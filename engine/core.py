@@ -7,8 +7,9 @@ from collections import OrderedDict
 
 from engine.config import EngineConfig
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
-from engine.model_runner import InFlightStep, ModelRunner
-from engine.request import EngineOutput, FinishReason, Request, check_stop
+from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
+from engine.ngram_drafter import NgramIndex
+from engine.request import EngineOutput, FinishReason, Guidance, Request, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
 
@@ -44,6 +45,8 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.pending_outputs: list[EngineOutput] = []
         self.num_generated_tokens = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.finished_generated_counts: OrderedDict[str, int] = OrderedDict()
 
     @property
@@ -70,6 +73,12 @@ class EngineCore:
         """
         self._validate(request_id, prompt_token_ids, params)
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
+        if self._num_speculative_tokens(params) > 0:
+            min_n = params.prompt_lookup_min or self.config.prompt_lookup_min
+            request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
+        if params.guidance_scale != 1.0:
+            companion = Request(f"{request_id}#unconditional", self._negative_prompt(params), params, request.output_token_ids)
+            request.guidance = Guidance(params.guidance_scale, companion)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
@@ -85,6 +94,8 @@ class EngineCore:
             )
         if params.prompt_logprobs is not None:
             raise InvalidRequestError("prompt_logprobs is not supported yet")
+        if params.guidance_scale != 1.0:
+            self._validate_guidance(params)
         if params.allowed_token_ids is not None and any(
             len(self.tokenizer.encode(text, add_special_tokens=False)) > 1 for word in params.bad_words for text in (word, f" {word}")
         ):
@@ -99,6 +110,25 @@ class EngineCore:
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
 
+    def _validate_guidance(self, params: SamplingParams) -> None:
+        if self.config.max_num_seqs < 2 or self.config.max_num_batched_tokens < 2:
+            raise InvalidRequestError("guidance_scale needs max_num_seqs >= 2 and max_num_batched_tokens >= 2 (two sequences per step)")
+        num_negative = len(self._negative_prompt(params))
+        if num_negative >= self.max_model_len:
+            raise InvalidRequestError(f"the negative prompt has {num_negative} tokens; the context holds {self.max_model_len}")
+
+    def _negative_prompt(self, params: SamplingParams) -> list[int]:
+        """The unconditional prompt's ids: ``negative_prompt``, or the bare BOS (EOS if the model has none)."""
+        token_ids = self.tokenizer.encode(params.negative_prompt) if params.negative_prompt else []
+        if token_ids:
+            return token_ids
+        bos = self.tokenizer.bos_token_id
+        return [bos if bos is not None else self.tokenizer.eos_token_ids[0]]
+
+    def _num_speculative_tokens(self, params: SamplingParams) -> int:
+        k = params.num_speculative_tokens
+        return self.config.num_speculative_tokens if k is None else k
+
     def abort_requests(self, request_ids: list[str]) -> None:
         """Free the slots of these requests now; unknown or finished ids are ignored."""
         for request_id in request_ids:
@@ -112,47 +142,82 @@ class EngineCore:
         Synchronous: that is this step. Asynchronous (default on CUDA): the previous one,
         collected after this one was launched, so the host's scheduling and stop checks
         overlap the device's work; a request that finished in the previous step may have
-        one token computed in this step, which is discarded.
+        one token computed in this step, which is discarded. While any running request
+        speculates, steps are synchronous: drafting needs every sampled token on the host.
         """
         outputs, self.pending_outputs = self.pending_outputs, []
+        synchronous = not self.async_scheduling or any(r.ngram_index is not None for r in self.scheduler.running)
+        if synchronous and self.in_flight is not None:
+            outputs += self._collect(self.in_flight)
+            self.in_flight = None
+        self._draft()
         step = self.scheduler.schedule()
         launched = None
         if step.requests:
             for request in step.admitted:
                 self.runner.add_request(request, self.tokenizer.encode)
             launched = self.runner.launch(step, self.in_flight)
-            for request, chunk in zip(step.requests, step.chunks):
-                request.num_computed_tokens += chunk.num_tokens
+            for sequence, chunk in zip(step.requests, step.chunks):
+                sequence.num_computed_tokens += chunk.num_tokens
             for request in step.sampled:
-                request.num_placeholders += 1
+                _add_placeholders(request, 1)
         ready = launched
-        if self.async_scheduling:
+        if not synchronous:
             ready, self.in_flight = self.in_flight, launched
         if ready is not None:
             outputs += self._collect(ready)
         return outputs
 
+    def _draft(self) -> None:
+        """Propose drafts for speculating requests about to decode with every token on the host."""
+        for request in self.scheduler.running:
+            request.draft_token_ids = []
+            index = request.ngram_index
+            if index is None or request.num_placeholders or request.num_computed_tokens != request.num_tokens - 1:
+                continue
+            new_tokens = request.token_ids(len(index.tokens), request.num_tokens)
+            max_drafts = min(self._num_speculative_tokens(request.params), request.room_to_grow(self.max_model_len) - 1)
+            request.draft_token_ids = index.propose(new_tokens, max_drafts)
+
     def _collect(self, in_flight: InFlightStep) -> list[EngineOutput]:
-        sampled_ids, logprobs = self.runner.collect(in_flight)
         outputs = []
-        for index, (request, token_id) in enumerate(zip(in_flight.step.sampled, sampled_ids)):
-            request.num_placeholders -= 1
+        step = in_flight.step
+        for request, drafts, sampled in zip(step.sampled, step.draft_token_ids, self.runner.collect(in_flight)):
+            _add_placeholders(request, -1)
             if request.finished:  # finished or aborted while this step ran
                 continue
-            output = self._append_token(request, token_id)
-            if logprobs is not None and request.params.logprobs is not None:
-                entry, num_top = logprobs[index], request.params.logprobs
-                output.logprobs = [entry._replace(top_token_ids=entry.top_token_ids[:num_top], top_logprobs=entry.top_logprobs[:num_top])]
+            num_accepted = len(sampled.token_ids) - 1
+            for sequence in [request] + ([request.guidance.companion] if request.guidance else []):
+                sequence.num_computed_tokens -= len(drafts) - num_accepted  # the rejected drafts' cache entries are dead
+            request.num_draft_tokens += len(drafts)
+            request.num_accepted_tokens += num_accepted
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_tokens += num_accepted
+            output = self._append_tokens(request, sampled)
+            output.num_draft_tokens, output.num_accepted_tokens = len(drafts), num_accepted
+            self.num_generated_tokens += len(output.new_token_ids)
             outputs.append(output)
-        self.num_generated_tokens += len(outputs)
         return outputs
 
-    def _append_token(self, request: Request, token_id: int) -> EngineOutput:
-        request.output_token_ids.append(token_id)
-        stop = check_stop(request, self.tokenizer.eos_token_ids, self.max_model_len)
+    def _append_tokens(self, request: Request, sampled: SampledTokens) -> EngineOutput:
+        """Append the step's tokens up to the first stop; the rest (and their logprobs) are dropped."""
+        new_token_ids: list[int] = []
+        stop = None
+        for token_id in sampled.token_ids:
+            request.output_token_ids.append(token_id)
+            new_token_ids.append(token_id)
+            stop = check_stop(request, self.tokenizer.eos_token_ids, self.max_model_len)
+            if stop is not None:
+                break
         if stop is None:
-            return EngineOutput(request.request_id, [token_id], len(request.prompt_token_ids))
-        return self._finish(request, *stop, new_token_ids=[token_id])
+            output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
+        else:
+            output = self._finish(request, *stop, new_token_ids=new_token_ids)
+        num_top = request.params.logprobs
+        if sampled.logprobs is not None and num_top is not None:
+            kept = sampled.logprobs[: len(new_token_ids)]
+            output.logprobs = [e._replace(top_token_ids=e.top_token_ids[:num_top], top_logprobs=e.top_logprobs[:num_top]) for e in kept]
+        return output
 
     def _finish(self, request: Request, reason: FinishReason, stop_reason: int | None, new_token_ids: list[int]) -> EngineOutput:
         """Free the request's slot; returns its final output.
@@ -169,3 +234,10 @@ class EngineCore:
         if len(self.finished_generated_counts) > FINISHED_COUNTS_KEPT:
             self.finished_generated_counts.popitem(last=False)
         return EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids), reason, stop_reason)
+
+
+def _add_placeholders(request: Request, count: int) -> None:
+    """Count tokens in flight for the request and its companion, which shares its outputs."""
+    request.num_placeholders += count
+    if request.guidance is not None:
+        request.guidance.companion.num_placeholders += count

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -35,14 +36,26 @@ def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 class InFlightStep:
     """A launched step whose sampled ids may still be on their way to the host.
 
-    sampled_token_ids: [len(step.sampled)] int64 on the device, for the next step's inputs.
-    host: pinned host copies being filled (ids, then logprob fields when asked).
+    last_token_ids: [len(step.sampled)] int64 on the device, each request's last sampled
+    token, for the next step's inputs.
+    host: pinned host copies being filled: token ids per logits row, then (when the step
+    verifies drafts) tokens emitted per request, then logprob fields when asked.
     """
 
     step: ScheduledStep
-    sampled_token_ids: torch.Tensor | None
+    last_token_ids: torch.Tensor | None
     host: list[torch.Tensor]
     done: torch.cuda.Event | None
+    verifies_drafts: bool
+
+
+@dataclass
+class SampledTokens:
+    """What one step sampled for one request: ``token_ids`` in order (accepted drafts, then the
+    corrected or bonus token), ``logprobs`` one per token when the batch asked for any."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
 
 
 class ModelRunner:
@@ -63,26 +76,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, step: ScheduledStep, previous: InFlightStep | None) -> InFlightStep:
-        """Enqueue the step: forward, lm_head on the sampled rows, sampler, and the copies to the host.
+        """Enqueue the step: forward, lm_head on the needed rows, guidance, sampler (or
+        verification of drafts), and the copies to the host.
 
         Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
         device from ``previous``'s sampled ids, so nothing waits for the previous step.
         """
-        input_ids = torch.tensor(step.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        input_ids = self._to_device(step.input_ids)
         if step.placeholder_inputs:
-            assert previous is not None and previous.sampled_token_ids is not None
+            assert previous is not None and previous.last_token_ids is not None
             order = {id(request): index for index, request in enumerate(previous.step.sampled)}
-            targets = torch.tensor([flat for flat, _ in step.placeholder_inputs], dtype=torch.int64)
-            sources = torch.tensor([order[id(request)] for _, request in step.placeholder_inputs], dtype=torch.int64)
-            input_ids[targets.to(self.device)] = previous.sampled_token_ids[sources.to(self.device)]
+            targets = self._to_device([flat for flat, _ in step.placeholder_inputs])
+            sources = self._to_device([order[id(request)] for _, request in step.placeholder_inputs])
+            input_ids[targets] = previous.last_token_ids[sources]
         meta = build_attention_metadata(step.chunks, self.device)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
+        verifies_drafts = any(step.draft_token_ids)
         if not step.sampled:
-            return InFlightStep(step, None, [], None)
-        logits_indices = torch.tensor(step.logits_indices, dtype=torch.int64).to(self.device, non_blocking=True)
-        rows = torch.tensor([r.slot for r in step.sampled], dtype=torch.int64).to(self.device, non_blocking=True)
-        output = self.sampler(self.model.compute_logits(hidden[logits_indices]), rows, self.sampling_batch)
-        values = [output.sampled_token_ids]
+            return InFlightStep(step, None, [], None, verifies_drafts)
+        logits = self._guided_logits(step, hidden)
+        rows = self._to_device([r.slot for r in step.sampled])
+        if verifies_drafts:
+            drafts = [token for request_drafts in step.draft_token_ids for token in [*request_drafts, -1]]
+            cu_num_rows = torch.tensor(list(accumulate((len(d) + 1 for d in step.draft_token_ids), initial=0)))
+            output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch)
+            values = [output.token_ids, output.num_emitted]
+            last_token_ids = output.token_ids[cu_num_rows[:-1].to(self.device, non_blocking=True) + output.num_emitted - 1]
+        else:
+            output = self.sampler(logits, rows, self.sampling_batch)
+            values = [output.sampled_token_ids]
+            last_token_ids = output.sampled_token_ids
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
@@ -92,19 +115,41 @@ class ModelRunner:
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, output.sampled_token_ids, host, done)
+        return InFlightStep(step, last_token_ids, host, done, verifies_drafts)
 
-    def collect(self, in_flight: InFlightStep) -> tuple[list[int], list[TokenLogprobs] | None]:
-        """Wait for this step's copies only (an event, not a device-wide sync): one sampled id
-        per ``step.sampled`` request, and their logprobs (top-N at the batch's largest N) if asked."""
+    def _guided_logits(self, step: ScheduledStep, hidden: torch.Tensor) -> torch.Tensor:
+        """[len(step.logits_indices), V] logits; guided rows get ``l_u + scale * (l_c - l_u)``."""
+        logits = self.model.compute_logits(hidden[self._to_device(step.logits_indices + step.companion_logits_indices)])
+        num_rows = len(step.logits_indices)
+        if not step.guided_rows:
+            return logits
+        conditional, unconditional = logits[:num_rows], logits[num_rows:]
+        guided_rows = self._to_device(step.guided_rows)
+        scales = torch.tensor(step.guidance_scales, dtype=logits.dtype).to(self.device, non_blocking=True)[:, None]
+        conditional[guided_rows] = unconditional + scales * (conditional[guided_rows] - unconditional)
+        return conditional
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+    def collect(self, in_flight: InFlightStep) -> list[SampledTokens]:
+        """Wait for this step's copies only (an event, not a device-wide sync); one entry per
+        ``step.sampled`` request (logprobs: top-N at the batch's largest N, if any row asked)."""
         if in_flight.done is not None:
             in_flight.done.synchronize()
         if not in_flight.host:
-            return [], None
-        sampled, *logprob_fields = [buffer.tolist() for buffer in in_flight.host]
-        if not logprob_fields:
-            return sampled, None
-        return sampled, [TokenLogprobs(*entry) for entry in zip(*logprob_fields)]
+            return []
+        fields = [buffer.tolist() for buffer in in_flight.host]
+        token_ids = fields.pop(0)
+        num_rows = [len(drafts) + 1 for drafts in in_flight.step.draft_token_ids]
+        num_emitted = fields.pop(0) if in_flight.verifies_drafts else num_rows
+        logprobs = [TokenLogprobs(*entry) for entry in zip(*fields)] if fields else None
+        sampled, first_row = [], 0
+        for rows, emitted in zip(num_rows, num_emitted):
+            emitted_rows = slice(first_row, first_row + emitted)
+            sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None))
+            first_row += rows
+        return sampled
 
     def validate(self, params: SamplingParams, encode: Callable[[str], list[int]]) -> None:
         """Raise ``ValueError`` if the sampler cannot take ``params`` (checked before a request is queued)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
+from engine.ngram_drafter import NgramIndex
 from sampling.params import SamplingParams
 
 
@@ -27,6 +28,13 @@ class Request:
     num_placeholders: int = 0
     """Tokens sampled by launched steps whose values have not reached the host yet."""
     finished: bool = False
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Tokens proposed for the next step, verified after ``output_token_ids`` (and placeholders)."""
+    ngram_index: NgramIndex | None = None
+    """Set when the request speculates; it has seen the first ``len(ngram_index.tokens)`` tokens."""
+    guidance: Guidance | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -37,11 +45,20 @@ class Request:
     def num_total_tokens(self) -> int:
         return self.num_tokens + self.num_placeholders
 
-    def may_grow(self, max_model_len: int) -> bool:
-        """Whether another token could still be generated, counting those in flight."""
-        num_output = len(self.output_token_ids) + self.num_placeholders
-        below_max_tokens = self.params.max_tokens is None or num_output < self.params.max_tokens
-        return below_max_tokens and self.num_total_tokens < max_model_len
+    @property
+    def context_len(self) -> int:
+        """Cache positions that the host-known tokens need, in this request's slot or its companion's."""
+        longest_prompt = len(self.prompt_token_ids)
+        if self.guidance is not None:
+            longest_prompt = max(longest_prompt, len(self.guidance.companion.prompt_token_ids))
+        return longest_prompt + len(self.output_token_ids)
+
+    def room_to_grow(self, max_model_len: int) -> int:
+        """How many more tokens may still be generated, counting those in flight."""
+        room = max_model_len - self.context_len - self.num_placeholders
+        if self.params.max_tokens is not None:
+            room = min(room, self.params.max_tokens - len(self.output_token_ids) - self.num_placeholders)
+        return max(room, 0)
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""
@@ -49,6 +66,18 @@ class Request:
         if start >= num_prompt:
             return self.output_token_ids[start - num_prompt : end - num_prompt]
         return self.prompt_token_ids[start:end] + self.output_token_ids[: max(end - num_prompt, 0)]
+
+
+@dataclass
+class Guidance:
+    """Classifier-free guidance: the sampler gets ``l_u + scale * (l_c - l_u)``.
+
+    companion: the unconditional sequence, negative prompt then the parent's outputs (the
+    same list object); it has its own slot and is scheduled in the parent's steps.
+    """
+
+    scale: float
+    companion: Request
 
 
 class TokenLogprobs(NamedTuple):
@@ -74,6 +103,10 @@ class EngineOutput:
     stop_reason: int | None = None
     logprobs: list[TokenLogprobs] | None = None
     """One entry per new token when the request asked for logprobs."""
+    num_draft_tokens: int = 0
+    """Tokens drafted for the request in the step(s) of this output."""
+    num_accepted_tokens: int = 0
+    """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
@@ -88,6 +121,6 @@ def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: 
             return FinishReason.STOP, last
     if params.max_tokens is not None and num_output >= params.max_tokens:
         return FinishReason.LENGTH, None
-    if request.num_tokens >= max_model_len:
+    if request.context_len >= max_model_len:
         return FinishReason.LENGTH, None
     return None

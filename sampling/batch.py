@@ -2,8 +2,9 @@
 
 Rows are written when requests join or leave, never rebuilt per step. Per step the
 sampler gathers the rows it samples (`gather`) and, after the draw, records the
-sampled ids (`record`), which updates output positions, token counts and the token
-history on the device, without a host round trip.
+sampled ids (`record`: one token per row, or a verify step's emitted tokens), which
+updates output positions, token counts and the token history on the device, without
+a host round trip.
 
 The host also keeps, per feature, how many occupied rows use it (`uses`), so the
 sampler decides which stages to run without reading device tensors.
@@ -19,6 +20,7 @@ import torch
 
 from sampling.ops.masks import AllTokensMaskedError
 from sampling.ops.seeded_noise import seed_key
+from sampling.ops.segments import segment_rows
 from sampling.params import SamplingParams
 from sampling.token_entries import Entry, TokenEntries, check_entries_vocab, entries_for
 
@@ -261,16 +263,33 @@ class SamplingBatch:
         values["has_seed"] = values["has_seed"].bool()
         return RowParams(**values, output_pos=self.output_pos[rows])
 
-    def record(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """Account this step's sampled ``token_ids`` [n] for ``rows`` [n] (distinct slots), on device."""
-        self.output_pos.index_add_(0, rows, torch.ones_like(rows))
+    def record(self, rows: torch.Tensor, token_ids: torch.Tensor, cu_num_rows: torch.Tensor | None = None) -> None:
+        """Account generated ``token_ids`` for ``rows`` ([n] distinct slots), on device.
+
+        Without ``cu_num_rows`` each slot gets one token (token_ids [n]). With it ([n+1] int64),
+        slot ``rows[i]`` gets ``token_ids[cu[i]:cu[i+1]]`` in order, -1 marking the rows after its
+        last token (a verify step).
+        """
+        if cu_num_rows is None:
+            slots, offsets = rows, torch.zeros_like(rows)
+        else:
+            request, offsets = segment_rows(cu_num_rows.to(rows.device), token_ids.shape[0])
+            slots = rows[request]
+        emitted = token_ids >= 0
+        self.output_pos.index_add_(0, slots, emitted.to(torch.int64))
         if self.output_counts is not None:
-            ones = torch.ones_like(token_ids, dtype=self.output_counts.dtype)
-            self.output_counts.index_put_((rows, token_ids), ones, accumulate=True)
+            ones = emitted.to(self.output_counts.dtype)
+            self.output_counts.index_put_((slots, token_ids.clamp(min=0)), ones, accumulate=True)
         if self.history is not None and self.history_len is not None:
-            position = self.history_len[rows].clamp(max=self.max_model_len - 1)
-            self.history[rows, position] = token_ids
-            self.history_len.index_put_((rows,), position + 1)
+            # Written as a difference added at the row's position, so that rows that write nothing (after
+            # the last token, or past max_model_len, which the engine never reaches) add 0 wherever they land.
+            position = self.history_len[slots] + offsets
+            writes = emitted & (position < self.max_model_len)
+            index = (slots, position.clamp(max=self.max_model_len - 1))
+            change = torch.where(writes, token_ids - self.history[index], torch.zeros_like(token_ids))
+            self.history.index_put_(index, change, accumulate=True)
+            self.history_len.index_add_(0, slots, emitted.to(torch.int64))
+            self.history_len.clamp_(max=self.max_model_len)
 
 
 def _breaker_tokens(params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[int]:

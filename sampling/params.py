@@ -18,6 +18,8 @@ LOGIT_BIAS_LIMIT = 100.0
 MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_INT64 = 2**63 - 1  # the sampling batch keeps integer parameters in int64 columns
+MAX_SPECULATIVE_TOKENS = 16
+MAX_NGRAM_SIZE = 16
 
 
 class TokenIdOutOfVocabError(ValueError):
@@ -63,6 +65,13 @@ class SamplingParams(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    num_speculative_tokens: int | None = Field(
+        None, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Tokens drafted per step by prompt lookup; 0 disables, None: the server's."
+    )
+    prompt_lookup_min: int | None = Field(None, ge=1, le=MAX_NGRAM_SIZE, description="Shortest n-gram matched; None: the server's.")
+    prompt_lookup_max: int | None = Field(None, ge=1, le=MAX_NGRAM_SIZE, description="Longest n-gram matched; None: the server's.")
+    guidance_scale: float = _finite(default=1.0, ge=-100.0, le=100.0, description="Classifier-free guidance; 1 disables.")
+    negative_prompt: str | None = Field(None, description="The unconditional prompt of guidance; None: the bare BOS token.")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -95,6 +104,8 @@ class SamplingParams(BaseModel):
     def _check_ranges(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.prompt_lookup_min is not None and self.prompt_lookup_max is not None and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max ({self.prompt_lookup_max})")
         return self
 
     @property

@@ -1,5 +1,10 @@
 """The sampler: one call turns a step's logits into sampled token ids (and logprobs).
 
+`Sampler.__call__` samples one token per request; `Sampler.verify` verifies drafted
+tokens (speculative decoding) with k+1 rows per request, each processed as if the
+drafts before it had been generated (`RowView`), so the emitted tokens are distributed
+exactly as non-speculative sampling's. Both run the same pipeline on a `RowView`.
+
 Pipeline per step (each stage skipped when no occupied row uses it, decided on the
 host from `SamplingBatch.uses`):
 
@@ -10,6 +15,10 @@ host from `SamplingBatch.uses`):
 5. temperature (greedy rows divided by 1), truncations, exponential-race draw
    (a Triton kernel on CUDA, the torch path otherwise)
 6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
+
+Verify replaces the draw by accept-or-recover (`sampling.ops.rejection`; greedy rows
+accept a draft equal to the argmax), then keeps each request's rows up to its first
+rejection.
 """
 
 from __future__ import annotations
@@ -21,12 +30,15 @@ import torch
 
 from sampling.batch import RowParams, SamplingBatch
 from sampling.logprobs import LogprobsTensors, gather_logprobs
-from sampling.ops.draw import draw
+from sampling.ops.draw import Draw, draw
 from sampling.ops.dry import apply_dry
-from sampling.ops.masks import apply_allowed, apply_token_entries, check_some_token_left, slot_positions
+from sampling.ops.masks import apply_allowed, apply_token_entries, check_some_token_left
 from sampling.ops.penalties import apply_penalties
+from sampling.ops.rejection import accept_or_recover, first_rejection
 from sampling.ops.seeded_noise import row_keys, uniform
+from sampling.ops.segments import max_rows_bound
 from sampling.ops.truncation import Candidates, apply_truncations, top_candidates, whole_vocab
+from sampling.view import RowView
 
 LogprobsMode = Literal["raw", "processed"]
 TRUNCATIONS = ("min_p", "top_k", "top_p", "typical_p", "top_n_sigma", "xtc")
@@ -41,6 +53,28 @@ class SamplerOutput:
     """[num_rows] int64, on the logits' device."""
     logprobs: LogprobsTensors | None = None
     """When any occupied row asks for logprobs (rows that did not ask get them too; the engine drops them)."""
+
+
+@dataclass
+class VerifyOutput:
+    token_ids: torch.Tensor
+    """[num_rows] int64: the token emitted at each row; -1 at the rows after a request's first rejection."""
+    num_emitted: torch.Tensor
+    """[n] int64: tokens emitted per request, 1 to k_i + 1."""
+    logprobs: LogprobsTensors | None = None
+    """Per row, of the token emitted there (rows with -1: of token 0), as `Sampler.__call__` would report them."""
+
+
+@dataclass
+class _Rows:
+    """Per-row results of the pipeline on a `RowView`."""
+
+    token_ids: torch.Tensor
+    """[N] what each row emits if reached (with drafts: the draft when accepted)."""
+    accepted: torch.Tensor | None
+    """[N] bool with drafts: the row's draft is accepted."""
+    logprobs: torch.Tensor | None
+    """[N, V] normalised logprobs to report (raw or processed), when any row asks."""
 
 
 class Sampler:
@@ -71,40 +105,81 @@ class Sampler:
         logits: [num_rows, vocab] for the rows being sampled this step, in order.
         rows:   [num_rows] int64 indices into ``batch`` (the engine slots), distinct.
         """
+        rows = rows.to(logits.device)
+        out = self._run(logits, RowView.of(batch, rows))
+        batch.record(rows, out.token_ids)
+        return SamplerOutput(out.token_ids, self._logprobs(out.logprobs, out.token_ids, batch))
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        cu_num_rows: torch.Tensor,
+        batch: SamplingBatch,
+    ) -> VerifyOutput:
+        """Verify drafted tokens exactly: the emitted tokens are distributed as non-speculative sampling's.
+
+        logits: [num_rows, vocab] raw target logits; request ``i`` owns rows ``cu[i]:cu[i+1]``, row ``cu[i] + j``
+        scoring the position after the drafts ``cu[i]:cu[i] + j``.
+        rows: [n] int64 distinct slots of ``batch``.
+        draft_token_ids: [num_rows] int64, the draft verified at each row; -1 at each request's last row.
+        cu_num_rows: [n+1] int64; on the host it gives the exact longest request (sizing the draft-prefix
+        gathers of penalties and token masks), on the device a bound (num_rows - n + 1) that needs no sync.
+        Each request emits its accepted drafts, then the token drawn at its first rejection (or the
+        bonus token after k accepted drafts); ``batch`` records them.
+        """
+        rows, drafts, cu = (t.to(logits.device) for t in (rows, draft_token_ids, cu_num_rows))
+        view = RowView.of(batch, rows).with_drafts(drafts, cu, max_rows_bound(cu_num_rows, logits.shape[0]))
+        out = self._run(logits, view)
+        assert out.accepted is not None
+        token_ids, num_emitted = first_rejection(out.token_ids, out.accepted, view.first_rows, view.requests, rows.shape[0])
+        batch.record(rows, token_ids, cu)
+        return VerifyOutput(token_ids, num_emitted, self._logprobs(out.logprobs, token_ids.clamp(min=0), batch))
+
+    def _run(self, logits: torch.Tensor, view: RowView) -> _Rows:
+        """The pipeline on ``view``'s rows: logits [N, V] -> per-row tokens (and acceptance, with drafts)."""
+        batch, p = view.batch, view.params
         in_place_masks = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0
         logits = logits.to(torch.float32, copy=in_place_masks)  # the caller's logits are never modified
-        rows = rows.to(logits.device)
-        p = batch.gather(rows)
         want_logprobs = batch.uses["logprobs"] > 0
         raw = torch.log_softmax(logits, dim=-1) if want_logprobs and self.logprobs_mode == "raw" else None
-        logits = _apply_masks(logits, rows, batch)
-        logits = _apply_penalties(logits, rows, p, batch)
+        logits = _apply_masks(logits, view)
+        logits = _apply_penalties(logits, view)
         token_ids = logits.argmax(dim=-1)
+        accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
         if batch.uses["random"] > 0:
             need_processed = want_logprobs and raw is None
-            sampled, final = self._sample(logits / p.temperature[:, None], p, batch, need_processed)
-            token_ids = torch.where(p.is_greedy, token_ids, sampled)
-            if final is not None:
-                processed = torch.where(p.is_greedy[:, None], logits, final)
-        batch.record(rows, token_ids)
+            drawn = self._draw(logits / p.temperature[:, None], view, need_processed)
+            token_ids = torch.where(p.is_greedy, token_ids, drawn.token_ids)
+            if accepted is not None and drawn.accepted is not None:
+                accepted = torch.where(p.is_greedy, accepted, drawn.accepted)
+            if drawn.processed is not None:
+                processed = torch.where(p.is_greedy[:, None], logits, drawn.processed)
         if not want_logprobs:
-            return SamplerOutput(token_ids)
-        source = raw if raw is not None else torch.log_softmax(processed, dim=-1)
-        return SamplerOutput(token_ids, gather_logprobs(source, token_ids, batch.max_logprobs()))
+            return _Rows(token_ids, accepted, None)
+        return _Rows(token_ids, accepted, raw if raw is not None else torch.log_softmax(processed, dim=-1))
 
-    def _sample(
-        self, scaled: torch.Tensor, p: RowParams, batch: SamplingBatch, need_processed: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Truncate and draw: ([n] token ids, processed logits [n, V] or None)."""
+    @staticmethod
+    def _logprobs(source: torch.Tensor | None, token_ids: torch.Tensor, batch: SamplingBatch) -> LogprobsTensors | None:
+        return None if source is None else gather_logprobs(source, token_ids, batch.max_logprobs())
+
+    def _draw(self, scaled: torch.Tensor, view: RowView, need_processed: bool) -> Draw:
+        """Truncate and draw (with drafts: accept or recover) on temperature-scaled logits [N, V]."""
+        p, batch = view.params, view.batch
         stages = frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
         keys = row_keys(p.seed_key, p.has_seed, p.output_pos)
         if self._triton_enabled(scaled.device):
             from sampling.triton import triton_sample
 
-            return triton_sample(scaled, p, keys, stages, need_processed)
+            return triton_sample(scaled, p, keys, stages, need_processed, view.drafts)
         c = self._truncate(scaled, p, stages, keys, batch)
-        return draw(c, keys), (_dense_logits(c, scaled.shape[1]) if need_processed else None)
+        processed = _dense_logits(c, scaled.shape[1]) if need_processed else None
+        if view.drafts is None:
+            return Draw(draw(c, keys), None, processed)
+        token_ids, accepted = accept_or_recover(c, view.drafts, keys)
+        return Draw(token_ids, accepted, processed)
 
     def _triton_enabled(self, device: torch.device) -> bool:
         return self.use_triton if self.use_triton is not None else device.type == "cuda"
@@ -129,37 +204,38 @@ class Sampler:
         return c
 
 
-def _apply_masks(logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Stage 3 (and logit_bias, which shares the sparse entry table) in place on logits [n, V]."""
+def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
+    """Stage 3 (and logit_bias, which shares the sparse entry table) in place on logits [N, V]."""
+    batch = view.batch
     if batch.uses["allowed"] > 0 and batch.allowed is not None:
-        apply_allowed(logits, batch.allowed[rows])
+        apply_allowed(logits, view.allowed())
     table = batch.entries.table() if batch.uses["token_entries"] > 0 else None
     if table is not None:
-        positions = slot_positions(rows, batch.max_num_rows)
-        apply_token_entries(logits, table, positions, batch.output_pos, batch.history, batch.history_len)
+        last_outputs = view.last_outputs(table.prefix.shape[1]) if table.has_prefix else None
+        apply_token_entries(logits, table, view.rows_of_slots(table.slot), view.params.output_pos, last_outputs)
     if batch.uses["may_mask_all"] > 0:
         check_some_token_left(logits)
     return logits
 
 
-def _apply_penalties(logits: torch.Tensor, rows: torch.Tensor, p: RowParams, batch: SamplingBatch) -> torch.Tensor:
-    """Stage 4: repetition / presence / frequency penalties and DRY, logits [n, V] -> [n, V]."""
-    if batch.uses["penalties"] > 0 and batch.prompt_mask is not None and batch.output_counts is not None:
+def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
+    """Stage 4: repetition / presence / frequency penalties and DRY, logits [N, V] -> [N, V]."""
+    batch, p = view.batch, view.params
+    if batch.uses["penalties"] > 0 and batch.output_counts is not None:
         logits = apply_penalties(
             logits,
-            batch.prompt_mask[rows],
-            batch.output_counts[rows],
+            view.prompt_mask(),
+            view.output_counts(),
             p.repetition_penalty,
             p.presence_penalty,
             p.frequency_penalty,
         )
     if batch.uses["dry"] > 0 and batch.history is not None:
-        assert batch.history_len is not None and batch.dry_breakers is not None
         logits = apply_dry(
             logits,
-            batch.history[rows],
-            batch.history_len[rows],
-            batch.dry_breakers[rows],
+            view.history(),
+            view.history_len(),
+            view.dry_breakers(),
             p.dry_multiplier,
             p.dry_base,
             p.dry_allowed_length,

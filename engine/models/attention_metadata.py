@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+SHORT_CHUNK_TOKENS = 32
+
 
 @dataclass
 class AttentionGroup:
@@ -46,8 +48,9 @@ class ScheduledChunk:
 def build_attention_metadata(chunks: list[ScheduledChunk], device: torch.device) -> AttentionMetadata:
     """Metadata for a flat batch laid out as the chunks, in order, back to back.
 
-    Decode chunks (one token) form one group and prefill chunks another, so a long
-    prefill chunk does not pad every decode query to its length.
+    Decode chunks (one token), short chunks (verified drafts, prefill tails) and long
+    prefill chunks form separate groups, so a long chunk does not pad every short query
+    to its length.
     """
     slots = torch.cat([torch.full((c.num_tokens,), c.slot, dtype=torch.int64) for c in chunks])
     positions = torch.cat([torch.arange(c.position, c.position + c.num_tokens) for c in chunks])
@@ -55,9 +58,9 @@ def build_attention_metadata(chunks: list[ScheduledChunk], device: torch.device)
     for chunk in chunks:
         starts.append(starts[-1] + chunk.num_tokens)
     num_tokens = starts[-1]
-    decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-    prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
-    groups = [_group([chunks[i] for i in members], [starts[i] for i in members], num_tokens) for members in (decode, prefill) if members]
+    size_classes = [0 if c.num_tokens == 1 else 1 if c.num_tokens <= SHORT_CHUNK_TOKENS else 2 for c in chunks]
+    members_by_class = [[i for i, size in enumerate(size_classes) if size == wanted] for wanted in range(3)]
+    groups = [_group([chunks[i] for i in members], [starts[i] for i in members], num_tokens) for members in members_by_class if members]
     return AttentionMetadata(
         slots=slots.to(device),
         positions=positions.to(device),

@@ -7,10 +7,24 @@ are never drawn.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sampling.ops.seeded_noise import exponential
 from sampling.ops.truncation import Candidates
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What truncating and drawing N rows gives (the torch path and the Triton kernel alike)."""
+
+    token_ids: torch.Tensor
+    """[N] int64: the drawn token; when rows verify drafts, the draft if accepted, else a draw without it."""
+    accepted: torch.Tensor | None
+    """[N] bool when rows verify drafts: the row's draft is accepted (False where there is none)."""
+    processed: torch.Tensor | None
+    """[N, V] the truncated logits (-inf where removed), when asked for."""
 
 
 def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
@@ -18,10 +32,10 @@ def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: t
     return (weights / exponential(row_keys, token_ids)).argmax(dim=-1)
 
 
-def draw(c: Candidates, row_keys: torch.Tensor) -> torch.Tensor:
-    """One token id per row from the kept candidates, [n] int64."""
-    weights = c.kept_probs()
-    if c.ids is None:
-        return exponential_race(weights, torch.arange(weights.shape[1], device=weights.device), row_keys)
-    winner = exponential_race(weights, c.ids, row_keys)
-    return c.ids.gather(1, winner[:, None]).squeeze(1)
+def draw(c: Candidates, row_keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """One token id per row from the kept candidates, [n] int64.
+
+    weights: [n, K] to race instead of ``c.kept_probs()`` (a subset of it, e.g. with a token removed).
+    """
+    weights = c.kept_probs() if weights is None else weights
+    return c.id_at(exponential_race(weights, c.token_ids(), row_keys))

@@ -16,50 +16,31 @@ def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> None:
     logits.masked_fill_(~allowed, float("-inf"))
 
 
-def slot_positions(rows: torch.Tensor, max_num_rows: int) -> torch.Tensor:
-    """[max_num_rows] int64: the position of each slot in this step's ``rows`` [n], -1 when absent."""
-    positions = torch.full((max_num_rows,), -1, dtype=torch.int64, device=rows.device)
-    positions[rows] = torch.arange(rows.shape[0], device=rows.device)
-    return positions
-
-
 def apply_token_entries(
     logits: torch.Tensor,
     table: EntryTable,
-    positions: torch.Tensor,
+    rows: torch.Tensor,
     output_pos: torch.Tensor,
-    history: torch.Tensor | None,
-    history_len: torch.Tensor | None,
+    last_outputs: torch.Tensor | None,
 ) -> None:
-    """In place: add each active entry's value (a bias or -inf) to ``logits`` [n, V].
+    """In place: add each active entry's value (a bias or -inf) to ``logits`` [N, V].
 
-    positions: [R] slot -> row of ``logits`` (-1: slot not sampled this step).
-    output_pos: [R] outputs so far per slot. history / history_len: [R, L] / [R] token history
-    (prompt then outputs), needed only when entries have prefixes.
-    Inactive entries add 0 to row 0, so no host-side filtering (and no sync) is needed.
+    rows: [E, J] the logits rows of each entry's slot (-1: none; a slot has several rows when
+    drafts are verified). output_pos: [N] outputs before each row. last_outputs: [N, P] each
+    row's last P outputs, oldest first, -1 where there are fewer (needed only when entries
+    have prefixes). Inactive pairs add 0 to row 0, so no host-side filtering (and no sync) is needed.
     """
-    row = positions[table.slot]
-    active = row >= 0
+    row = rows.clamp(min=0)
+    active = rows >= 0
     if table.has_min_tokens:
-        active &= (table.min_tokens == 0) | (output_pos[table.slot] < table.min_tokens)
+        min_tokens = table.min_tokens[:, None]
+        active &= (min_tokens == 0) | (output_pos[row] < min_tokens)
     if table.has_prefix:
-        assert history is not None and history_len is not None
-        active &= _prefix_matches(table, output_pos, history, history_len)
-    values = torch.where(active, table.value, torch.zeros_like(table.value))
-    logits.index_put_((row.clamp(min=0), table.token), values, accumulate=True)
-
-
-def _prefix_matches(
-    table: EntryTable, output_pos: torch.Tensor, history: torch.Tensor, history_len: torch.Tensor
-) -> torch.Tensor:
-    """[E] bool: the slot's last outputs equal the entry's prefix ([E, P], -1 padded on the left)."""
-    width = table.prefix.shape[1]
-    end = history_len[table.slot]  # [E]
-    first_output = end - output_pos[table.slot]
-    index = end[:, None] - width + torch.arange(width, device=end.device)  # [E, P]
-    tokens = history[table.slot[:, None], index.clamp(min=0)]
-    padding = table.prefix < 0
-    return (padding | ((tokens == table.prefix) & (index >= first_output[:, None]))).all(dim=1)
+        assert last_outputs is not None
+        prefix = table.prefix[:, None, :]  # [E, 1, P], -1 padded on the left
+        active &= ((prefix < 0) | (last_outputs[row] == prefix)).all(dim=2)
+    values = torch.where(active, table.value[:, None], torch.zeros_like(table.value)[:, None])
+    logits.index_put_((row, table.token[:, None].expand_as(row)), values, accumulate=True)
 
 
 def check_some_token_left(logits: torch.Tensor) -> None:

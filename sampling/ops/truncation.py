@@ -50,6 +50,14 @@ class Candidates:
         """[n, K] probabilities of kept tokens, 0 elsewhere (not renormalised)."""
         return torch.where(self.keep, self.probs, torch.zeros_like(self.probs))
 
+    def token_ids(self) -> torch.Tensor:
+        """The token id of each column: ``ids`` [n, K], or [V] for the whole vocabulary."""
+        return self.ids if self.ids is not None else torch.arange(self.keep.shape[1], device=self.keep.device)
+
+    def id_at(self, column: torch.Tensor) -> torch.Tensor:
+        """[n] token ids at ``column`` [n] int64."""
+        return column if self.ids is None else self.ids.gather(1, column[:, None]).squeeze(1)
+
 
 def whole_vocab(scaled: torch.Tensor) -> Candidates:
     """Every token a candidate, unsorted (when no truncation runs)."""

@@ -21,6 +21,11 @@ pass, until the bounds are adjacent: the result is an exact element value, so th
 kept set equals the sort-based definition, except that ties at a boundary are all
 kept. The draw is the exponential race with the same counter-based hash as
 `sampling.ops.seeded_noise` (uint32 values in int64 arithmetic, bit-identical).
+
+With drafts (one per row, -1: none), the last pass also sums the kept mass and the
+draft's weight and runs the race without the draft: the row accepts the draft iff its
+uniform at token -2 (`sampling.ops.rejection.ACCEPT_COIN_TOKEN`) is <= p(draft), or no
+other kept token has weight, and otherwise emits the race's winner.
 """
 
 from __future__ import annotations
@@ -179,13 +184,14 @@ def _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_
 @triton.jit
 def truncate_and_draw_kernel(
     logits_ptr, stride, min_p_ptr, top_k_ptr, top_p_ptr, typical_p_ptr, n_sigma_ptr, xtc_threshold_ptr,
-    xtc_probability_ptr, key_ptr, token_ptr, processed_ptr, n_rows, V,
+    xtc_probability_ptr, key_ptr, draft_ptr, token_ptr, accepted_ptr, processed_ptr, n_rows, V,
     HAS_MIN_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_TYPICAL_P: tl.constexpr,
-    HAS_TOP_N_SIGMA: tl.constexpr, HAS_XTC: tl.constexpr, WRITE_PROCESSED: tl.constexpr,
+    HAS_TOP_N_SIGMA: tl.constexpr, HAS_XTC: tl.constexpr, HAS_DRAFTS: tl.constexpr, WRITE_PROCESSED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """logits [n, V] (temperature applied, row stride ``stride``) -> token [n] int64; with
-    WRITE_PROCESSED also the kept logits (-inf elsewhere) into processed [n, V] (same strides)."""
+    WRITE_PROCESSED also the kept logits (-inf elsewhere) into processed [n, V] (same strides).
+    With HAS_DRAFTS: draft [n] int64 (-1: none) -> token (the draft or the race without it), accepted [n] int8."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     row_off = rows.to(tl.int64) * stride
@@ -238,12 +244,23 @@ def truncate_and_draw_kernel(
         cap = tl.where(active, smallest, cap)
     best = tl.full([BLOCK_R], -1.0, tl.float32)
     best_idx = tl.zeros([BLOCK_R], tl.int64)
+    draft = tl.full([BLOCK_R], -1, tl.int64)
+    if HAS_DRAFTS:
+        draft = tl.load(draft_ptr + rows, mask=row_mask, other=-1)
+    mass = tl.zeros([BLOCK_R], tl.float32)
+    draft_w = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
         keep = _kept(w, t, log_z, entropy, tau, cap)
+        racing = keep
+        if HAS_DRAFTS:
+            is_draft = cols.to(tl.int64)[None, :] == draft[:, None]
+            mass += tl.sum(tl.where(keep, w, 0.0), axis=1)
+            draft_w += tl.sum(tl.where(keep & is_draft, w, 0.0), axis=1)
+            racing = keep & ~is_draft
         u = _uniform(key[:, None], cols.to(tl.int64)[None, :])
-        score = tl.where(keep, w / -tl.log(u), -1.0)
+        score = tl.where(racing, w / -tl.log(u), -1.0)
         block_best = tl.max(score, axis=1)
         block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
         better = block_best > best
@@ -254,4 +271,9 @@ def truncate_and_draw_kernel(
             mask = row_mask[:, None] & (cols < V)[None, :]
             x = tl.load(logits_ptr + offsets, mask=mask, other=float("-inf"))
             tl.store(processed_ptr + offsets, tl.where(keep, x, float("-inf")), mask=mask)
+    if HAS_DRAFTS:
+        coin = _uniform(key, tl.full([BLOCK_R], -2, tl.int64))
+        accepted = (draft >= 0) & ((coin <= draft_w / mass) | (best < 0.0))
+        best_idx = tl.where(accepted, draft, best_idx)
+        tl.store(accepted_ptr + rows, accepted.to(tl.int8), mask=row_mask)
     tl.store(token_ptr + rows, best_idx, mask=row_mask)

@@ -6,6 +6,7 @@ import torch
 import triton
 
 from sampling.batch import RowParams
+from sampling.ops.draw import Draw
 from sampling.triton.kernels import truncate_and_draw_kernel
 
 MAX_BLOCK_V = 4096
@@ -23,9 +24,14 @@ def block_sizes(num_rows: int, vocab_size: int) -> tuple[int, int]:
 
 
 def triton_sample(
-    scaled: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[str], need_processed: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Truncate (all stages in ``stages``) and draw: ([n] int64 ids, processed logits [n, V] or None).
+    scaled: torch.Tensor,
+    p: RowParams,
+    row_keys: torch.Tensor,
+    stages: frozenset[str],
+    need_processed: bool,
+    drafts: torch.Tensor | None,
+) -> Draw:
+    """Truncate (all stages in ``stages``) and draw, in one launch; with ``drafts`` [n] (-1: none) accept or recover.
 
     scaled: [n, V] float32, temperature applied; row_keys [n] uint32-in-int64.
     """
@@ -33,13 +39,18 @@ def triton_sample(
     n, vocab = scaled.shape
     tokens = torch.empty(n, dtype=torch.int64, device=scaled.device)
     processed = torch.empty_like(scaled) if need_processed else tokens
+    accepted = torch.empty(n, dtype=torch.int8, device=scaled.device) if drafts is not None else tokens
     columns = (p.min_p, p.top_k, p.top_p, p.typical_p, p.top_n_sigma, p.xtc_threshold, p.xtc_probability)
     block_r, block_v = block_sizes(n, vocab)
     truncate_and_draw_kernel[(triton.cdiv(n, block_r),)](
-        scaled, scaled.stride(0), *(c.contiguous() for c in columns), row_keys.contiguous(), tokens, processed,
-        n, vocab,
+        scaled, scaled.stride(0), *(c.contiguous() for c in columns), row_keys.contiguous(),
+        drafts.contiguous() if drafts is not None else tokens, tokens, accepted, processed, n, vocab,
         HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
         HAS_TYPICAL_P="typical_p" in stages, HAS_TOP_N_SIGMA="top_n_sigma" in stages, HAS_XTC="xtc" in stages,
-        WRITE_PROCESSED=need_processed, BLOCK_R=block_r, BLOCK_V=block_v,
+        HAS_DRAFTS=drafts is not None, WRITE_PROCESSED=need_processed, BLOCK_R=block_r, BLOCK_V=block_v,
     )  # fmt: skip
-    return tokens, (processed if need_processed else None)
+    return Draw(
+        tokens,
+        accepted.bool() if drafts is not None else None,
+        processed if need_processed else None,
+    )

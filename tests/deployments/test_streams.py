@@ -1,0 +1,46 @@
+"""Mailbox wake-ups under a stream interval, and chunk frames as plain SSE of the chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deployments.responses import ResponseFormat, sse
+from deployments.streams import Mailbox
+
+
+def test_stream_interval_wakes_for_the_first_token_then_every_n_tokens_and_the_end():
+    async def run() -> list[list[int]]:
+        mailbox = Mailbox(stream_interval=3)
+        frames = []
+        for token in range(8):
+            mailbox.push(0, f"t{token}", [token], "length" if token == 7 else None, None, None)
+            if mailbox.ready.is_set():
+                frames.append((await mailbox.take())[0].token_ids)
+        return frames
+
+    assert asyncio.run(run()) == [[0], [1, 2, 3], [4, 5, 6], [7]]
+
+
+def test_stream_interval_counts_each_choice_on_its_own():
+    mailbox = Mailbox(stream_interval=2)
+    mailbox.push(0, "a", [1], None, None, None)
+    mailbox.push(1, "b", [2], None, None, None)
+    assert mailbox.ready.is_set()  # first tokens go out at once
+    asyncio.run(mailbox.take())
+    mailbox.push(0, "c", [3], None, None, None)
+    mailbox.push(1, "d", [4], None, None, None)
+    assert not mailbox.ready.is_set()
+    mailbox.push(1, "e", [5], None, None, None)
+    assert mailbox.ready.is_set()
+
+
+@given(st.text(), st.booleans(), st.sampled_from([None, "stop", "length"]), st.one_of(st.none(), st.integers(0, 9), st.text(max_size=5)))
+def test_chunk_frame_is_the_sse_of_the_chunk(text: str, chat: bool, finish: str | None, stop_reason: int | str | None):
+    fmt = ResponseFormat.new("cmpl-x", "model \"q\"", chat=chat)
+    choices = [fmt.chunk_choice(0, text, finish, stop_reason), fmt.chunk_choice(1, text[::-1], None, None, role=chat)]
+    assert fmt.chunk_frame(choices) == sse(fmt.chunk(choices))
+    assert json.loads(fmt.chunk_frame(choices)[len("data: ") :])["choices"][0] == choices[0]
