@@ -13,8 +13,8 @@
 
 At 16 streams each row pools 4 rounds (64 requests).
 
-Every stream runs in the engine at once (``max_num_seqs`` = 256), and each running request
-gets one token per engine step, so tokens of waste are engine steps of waste; ``step_ms`` is
+Every stream runs in the engine at once (``max_num_seqs`` = 256) without speculation, so
+each running request gets one token per engine step: tokens of waste are engine steps; ``step_ms`` is
 the mean step time during the streams. ``--quick`` runs tiny-random only; the full run adds
 the default model. Rows go to bench/results/abort_waste.json.
 """
@@ -31,10 +31,11 @@ from contextlib import aclosing
 
 import httpx
 import ray
-from ray import serve
 
 from bench.common import print_table, write_results
-from bench.serve_load import free_port, percentile, wait_healthy
+from bench.load_client import percentile
+from bench.serve_cluster import ServeCluster
+from bench.serve_load import warm_up
 from deployments import build_app
 from deployments.ingress import ENGINE_NAMESPACE
 from engine.config import DEFAULT_MODEL
@@ -48,9 +49,11 @@ TIMEOUT_S = 900
 
 
 def greedy_body(model: str, index: int, max_tokens: int, **fields: object) -> dict:
-    """Request ``index``'s body: greedy and past EOS, so its text is known and long enough."""
+    """Request ``index``'s body: greedy and past EOS, so its text is known and long enough; no
+    speculation, so a running request gets exactly one token per engine step."""
     prompt = f"Request {index}: tell me something."
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, **fields}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "num_speculative_tokens": 0}
+    return body | fields
 
 
 async def chunks(client: httpx.AsyncClient, body: dict) -> AsyncIterator[dict]:
@@ -164,20 +167,18 @@ def row(model: str, concurrency: int, cause: str, waste: list[int], step_ms: flo
     }
 
 
-def run_model(port: int, model: str) -> list[dict]:
-    app = build_app({"model": model, "max_num_seqs": 256, "max_model_len": 512})
-    serve.run(app, name="spout", route_prefix="/", blocking=False)
-    base_url = f"http://127.0.0.1:{port}"
+def run_model(cluster: ServeCluster, model: str) -> list[dict]:
+    port = cluster.deploy(build_app({"model": model, "max_num_seqs": 256, "max_model_len": 512}), "spout")
     try:
-        wait_healthy(base_url, timeout_s=600)
+        warm_up(port, model)
         engine = ray.get_actor(f"spout-engine-{model}-0", namespace=ENGINE_NAMESPACE)
         rows = []
         for concurrency in ROUNDS:
-            rows += asyncio.run(measure(base_url, engine, model, concurrency))
+            rows += asyncio.run(measure(f"http://127.0.0.1:{port}", engine, model, concurrency))
             print_table(rows[-2:])
         return rows
     finally:
-        serve.delete("spout")  # the engine actor goes with its ingress replica
+        cluster.delete("spout")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,16 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny-random only")
     args = parser.parse_args(argv)
     models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     rows: list[dict] = []
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+    with ServeCluster("default") as cluster:
         for model in models:
-            rows += run_model(port, model)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+            rows += run_model(cluster, model)
     print_table(rows)
     print(f"wrote {write_results('abort_waste', rows, quick=args.quick)}")
 

@@ -55,7 +55,7 @@ class SlowEngine:
 
 
 def new_generation(engine: SlowEngine) -> Generation:
-    detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, max_split=1)
+    detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
     return Generation([engine], "sub", TOKENIZER, detok, IngressMetrics())
 
 
