@@ -77,8 +77,7 @@ class EngineCore:
             min_n = params.prompt_lookup_min or self.config.prompt_lookup_min
             request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
         if params.guidance_scale != 1.0:
-            companion = Request(f"{request_id}#unconditional", self._negative_prompt(params), params, request.output_token_ids)
-            request.guidance = Guidance(params.guidance_scale, companion)
+            request.guidance = self._guidance(request, params)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
@@ -94,8 +93,6 @@ class EngineCore:
             )
         if params.prompt_logprobs is not None:
             raise InvalidRequestError("prompt_logprobs is not supported yet")
-        if params.guidance_scale != 1.0:
-            self._validate_guidance(params)
         if params.allowed_token_ids is not None and any(
             len(self.tokenizer.encode(text, add_special_tokens=False)) > 1 for word in params.bad_words for text in (word, f" {word}")
         ):
@@ -110,12 +107,15 @@ class EngineCore:
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
 
-    def _validate_guidance(self, params: SamplingParams) -> None:
+    def _guidance(self, request: Request, params: SamplingParams) -> Guidance:
+        """The companion of a guided request; raises `InvalidRequestError` if it cannot run."""
         if self.config.max_num_seqs < 2 or self.config.max_num_batched_tokens < 2:
             raise InvalidRequestError("guidance_scale needs max_num_seqs >= 2 and max_num_batched_tokens >= 2 (two sequences per step)")
-        num_negative = len(self._negative_prompt(params))
-        if num_negative >= self.max_model_len:
-            raise InvalidRequestError(f"the negative prompt has {num_negative} tokens; the context holds {self.max_model_len}")
+        negative_prompt = self._negative_prompt(params)
+        if len(negative_prompt) >= self.max_model_len:
+            raise InvalidRequestError(f"the negative prompt has {len(negative_prompt)} tokens; the context holds {self.max_model_len}")
+        companion = Request(f"{request.request_id}#unconditional", negative_prompt, params, request.output_token_ids)
+        return Guidance(params.guidance_scale, companion)
 
     def _negative_prompt(self, params: SamplingParams) -> list[int]:
         """The unconditional prompt's ids: ``negative_prompt``, or the bare BOS (EOS if the model has none)."""
@@ -187,7 +187,7 @@ class EngineCore:
             if request.finished:  # finished or aborted while this step ran
                 continue
             num_accepted = len(sampled.token_ids) - 1
-            for sequence in [request] + ([request.guidance.companion] if request.guidance else []):
+            for sequence in request.sequences:
                 sequence.num_computed_tokens -= len(drafts) - num_accepted  # the rejected drafts' cache entries are dead
             request.num_draft_tokens += len(drafts)
             request.num_accepted_tokens += num_accepted
@@ -238,6 +238,5 @@ class EngineCore:
 
 def _add_placeholders(request: Request, count: int) -> None:
     """Count tokens in flight for the request and its companion, which shares its outputs."""
-    request.num_placeholders += count
-    if request.guidance is not None:
-        request.guidance.companion.num_placeholders += count
+    for sequence in request.sequences:
+        sequence.num_placeholders += count

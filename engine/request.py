@@ -53,6 +53,11 @@ class Request:
             longest_prompt = max(longest_prompt, len(self.guidance.companion.prompt_token_ids))
         return longest_prompt + len(self.output_token_ids)
 
+    @property
+    def sequences(self) -> list[Request]:
+        """The request, then its guidance companion if it has one: the sequences that hold a slot for it."""
+        return [self] if self.guidance is None else [self, self.guidance.companion]
+
     def room_to_grow(self, max_model_len: int) -> int:
         """How many more tokens may still be generated, counting those in flight."""
         room = max_model_len - self.context_len - self.num_placeholders

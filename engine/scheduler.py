@@ -66,7 +66,7 @@ class Scheduler:
             self.waiting.remove(request)
             return
         self.running.remove(request)
-        for holder in _slot_holders(request):
+        for holder in request.sequences:
             assert holder.slot is not None
             self.free_slots.append(holder.slot)
             holder.slot = None
@@ -81,9 +81,9 @@ class Scheduler:
             if budget == 0:
                 return step
             budget -= self._schedule_request(step, request, budget)
-        while self.waiting and len(self.free_slots) >= len(_slot_holders(self.waiting[0])) and budget > 0:
+        while self.waiting and len(self.free_slots) >= len(self.waiting[0].sequences) and budget > 0:
             request = self.waiting.popleft()
-            for holder in _slot_holders(request):
+            for holder in request.sequences:
                 holder.slot = self.free_slots.pop()
             self.running.append(request)
             step.admitted.append(request)
@@ -97,8 +97,7 @@ class Scheduler:
         Drafts are cut to fit. If the sequences cannot complete, both get prefill chunks
         that stop short of their last token, so that they complete together later.
         """
-        companion = request.guidance.companion if request.guidance is not None else None
-        holders = _slot_holders(request)
+        holders = request.sequences
         remaining = sum(_num_remaining(holder) for holder in holders)
         num_drafts = min(len(request.draft_token_ids), max(budget - remaining, 0) // len(holders))
         del request.draft_token_ids[num_drafts:]
@@ -114,17 +113,11 @@ class Scheduler:
         step.draft_token_ids.append(list(request.draft_token_ids))
         first_row = len(step.logits_indices)
         step.logits_indices.extend(rows[0])
-        if companion is not None:
-            assert request.guidance is not None
+        if request.guidance is not None:
             step.guided_rows.extend(range(first_row, len(step.logits_indices)))
             step.companion_logits_indices.extend(rows[1])
             step.guidance_scales.extend([request.guidance.scale] * len(rows[1]))
         return remaining + num_drafts * len(holders)
-
-
-def _slot_holders(request: Request) -> list[Request]:
-    """The request, then its guidance companion if it has one: the sequences that hold a slot for it."""
-    return [request] if request.guidance is None else [request, request.guidance.companion]
 
 
 def _num_remaining(request: Request) -> int:
