@@ -78,7 +78,7 @@ class EngineServer:
                 state, num_tokens = result.state, num_tokens + len(output.new_token_ids)
                 reason = output.finish_reason.value if finished else None
                 yield sse(fmt.chunk([fmt.chunk_choice(0, result.text, reason, output.stop_reason)]))
-            yield sse(fmt.usage_chunk(usage(len(prompt), num_tokens)))
+            yield sse(fmt.usage_chunk(usage(len(prompt), num_tokens, [])))
         finally:
             del self.queues[request_id]
             if not finished:
