@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/serve run deployments:app
+	RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(VENV)/bin/serve run deployments:app
 
 test: install
 	$(PY) -m pytest -q tests

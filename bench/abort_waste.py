@@ -34,8 +34,8 @@ import ray
 
 from bench.common import print_table, write_results
 from bench.load_client import percentile
-from bench.serve_cluster import ServeCluster
-from bench.serve_load import warm_up
+from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
+from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
 from deployments.ingress import ENGINE_NAMESPACE
 from engine.config import DEFAULT_MODEL
@@ -184,12 +184,13 @@ def run_model(cluster: ServeCluster, model: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny-random only")
+    parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.serve_cluster)")
     args = parser.parse_args(argv)
     models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]
     rows: list[dict] = []
-    with ServeCluster("default") as cluster:
+    with ServeCluster(args.proxy) as cluster:
         for model in models:
-            rows += run_model(cluster, model)
+            rows += [{"proxy": args.proxy} | row for row in run_model(cluster, model)]
     print_table(rows)
     print(f"wrote {write_results('abort_waste', rows, quick=args.quick)}")
 

@@ -13,6 +13,8 @@ needs its own cluster:
 - ``throughput_optimized``: Ray's bundle ``RAY_SERVE_THROUGHPUT_OPTIMIZED``: direct
   ingress, user code on the replica's main event loop (no thread hop per ASGI message),
   gRPC between deployments, GC frozen after start, no request logs to stderr.
+- ``throughput_optimized_haproxy``: both: HAProxy on Serve's port in front of
+  throughput-optimized replicas, the way a multi-replica deployment keeps one address.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+    "throughput_optimized_haproxy": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 COMMON_ENV = {
     # Replicas of a deleted app otherwise keep their port for 30 s so a load balancer

@@ -8,8 +8,8 @@ import json
 
 from bench.stream_baseline import EngineServer
 from deployments.responses import ResponseFormat
-from engine.core import EngineCore
 from engine.config import EngineConfig
+from engine.core import EngineCore
 from sampling.params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

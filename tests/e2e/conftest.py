@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,8 +10,8 @@ import httpx
 import openai
 import pytest
 import ray
-from ray import serve
 
+from bench.serve_cluster import ServeCluster
 from deployments import build_app
 from deployments.ingress import ENGINE_NAMESPACE
 
@@ -41,20 +40,13 @@ class Server:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key, timeout=300, max_retries=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    """Under Serve's throughput-optimized option, as README recommends: the ingress replica
+    serves HTTP itself on loopback (direct ingress), and the tests talk to it there."""
+    with ServeCluster("throughput_optimized") as cluster:
         app = build_app({"model": MODEL, "max_num_seqs": 32, "max_model_len": 1024, "api_key": API_KEY, "max_body_bytes": 65536, "inline_detok_threshold": 8})
-        serve.run(app, name="spout", route_prefix="/", blocking=False)
+        port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
         base_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -67,6 +59,3 @@ def server() -> Iterator[Server]:
         else:
             raise RuntimeError("the Serve app did not become healthy")
         yield Server(base_url=base_url, model=MODEL, api_key=API_KEY)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
