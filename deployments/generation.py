@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from ray.exceptions import RayActorError
@@ -132,7 +132,12 @@ class Generation:
                 self.metrics.aborts.inc(cause)
                 self._abort(stream.engine_index, stream.request_id)
 
-    async def stream(self, submission: Submission, include_usage: bool) -> AsyncIterator[str]:
+    def disconnect(self, submission: Submission) -> None:
+        """The client left: abort the choices the engine still runs, and end the stream's wait."""
+        self.release(submission, cause="client_disconnect")
+        submission.mailbox.fail(APIError(499, "the client closed the request", code="client_closed_request"))
+
+    async def stream(self, submission: Submission, include_usage: bool) -> AsyncGenerator[str, None]:
         """SSE frames until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
         fmt = submission.format
         completion_tokens, unfinished = 0, len(submission.streams)

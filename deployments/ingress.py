@@ -13,12 +13,13 @@ from typing import TypeVar
 import ray
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.errors import APIError, from_validation_error
+from deployments.event_stream import EventStream
 from deployments.generation import Generation, Submission
 from deployments.metrics import IngressMetrics
 from deployments.openapi import openapi_document
@@ -152,7 +153,7 @@ class Ingress:
 
     async def _respond(self, generation: Generation, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
         if body.stream:
-            return StreamingResponse(generation.stream(submission, body.include_usage), media_type="text/event-stream")
+            return EventStream(generation.stream(submission, body.include_usage), lambda: generation.disconnect(submission))
         return JSONResponse(await generation.collect(submission))
 
     async def completions(self, request: Request) -> Response:

@@ -1,0 +1,66 @@
+"""`EventStream` with a fake ASGI server: frames in order, and a client that leaves mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from deployments.event_stream import EventStream
+
+
+async def _serve(stream: EventStream, receive_messages: asyncio.Queue) -> list[dict]:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await stream({"type": "http"}, receive_messages.get, send)
+    return sent
+
+
+def test_frames_are_sent_in_order_then_the_body_ends():
+    async def frames() -> AsyncGenerator[str, None]:
+        for i in range(3):
+            yield f"data: {i}\n\n"
+
+    async def run() -> list[dict]:
+        left: list[bool] = []
+        sent = await _serve(EventStream(frames(), lambda: left.append(True)), asyncio.Queue())
+        assert not left
+        return sent
+
+    sent = asyncio.run(asyncio.wait_for(run(), 10))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    assert not any(name == b"content-length" for name, _ in sent[0]["headers"])
+    assert [m["body"] for m in sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]
+
+
+def test_a_client_that_leaves_is_reported_at_once_and_sent_nothing_more():
+    async def run() -> tuple[list[dict], list[str]]:
+        events: list[str] = []
+        wake = asyncio.Event()
+
+        async def frames() -> AsyncGenerator[str, None]:
+            try:
+                yield "data: first\n\n"
+                await wake.wait()  # the generation waits for outputs until on_disconnect wakes it
+                yield "data: after the client left\n\n"
+            finally:
+                events.append("frames closed")
+
+        def on_disconnect() -> None:
+            events.append("disconnect")
+            wake.set()
+
+        messages: asyncio.Queue = asyncio.Queue()
+        serving = asyncio.create_task(_serve(EventStream(frames(), on_disconnect), messages))
+        await asyncio.sleep(0.05)
+        assert events == []
+        await messages.put({"type": "http.disconnect"})
+        return await serving, events
+
+    sent, events = asyncio.run(asyncio.wait_for(run(), 10))
+    assert events == ["disconnect", "frames closed"]
+    assert [m.get("body") for m in sent[1:]] == [b"data: first\n\n"]
