@@ -1,0 +1,187 @@
+"""Floors under the ingress's CPU per streamed token, without Ray: the HTTP server's, and Spout's own code's.
+
+``python -m bench.egress_floor [--quick]`` measures, at 256 concurrent streams of 64 frames:
+
+- ``uvicorn_streaming_response``: a bare uvicorn server (httptools, uvloop, as Serve's
+  direct ingress runs it) in a child process, whose app wakes every stream once per
+  simulated 30 ms step and sends one frame of the ingress's size through Starlette's
+  ``StreamingResponse``; its CPU per frame, read from /proc. The reference.
+- ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
+- ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
+  Ray: `OutputRouter._route` on one step's `EngineOutput`s (inline detok, stop and
+  delivery), then each stream's `Generation.stream` through `EventStream` to a send
+  that does nothing; CPU per token of this process.
+
+What the ingress costs above the sum (``bench.serve_load``'s ``cpu_us_ingress``, one
+frame per token) is Serve's and Ray's: per-request handling, the ASGI wrappers around
+each send, and receiving the engine's messages. Rows go to bench/results/egress_floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import time
+
+import uvicorn
+from starlette.responses import StreamingResponse
+
+from bench.common import print_table, write_results
+from bench.load_client import run_streams
+from bench.process_cpu import TICKS_PER_S
+from bench.serve_cluster import free_port
+from deployments.detok_pool import DetokClient
+from deployments.event_stream import EventStream
+from deployments.generation import Generation, Submission
+from deployments.metrics import IngressMetrics
+from deployments.responses import ResponseFormat, sse
+from deployments.streams import ChoiceStream, Mailbox
+from detok import initial_state
+from engine.loader.checkpoint import load_tokenizer
+from engine.request import EngineOutput, FinishReason
+from sampling.params import SamplingParams
+
+HOST = "127.0.0.1"
+STEP_S = 0.03
+FORMAT = ResponseFormat("cmpl-0123456789abcdef0123456789abcdef", "tiny-random", chat=False, created=1763772000)
+FRAME = FORMAT.chunk_frame([FORMAT.chunk_choice(0, " word", None, None)])
+LAST_FRAME = FORMAT.chunk_frame([FORMAT.chunk_choice(0, " word", "length", None)]) + sse(FORMAT.usage_chunk({"completion_tokens": 0}))
+
+
+def bare_app(response: str, frames: int):
+    """An ASGI app streaming ``frames`` frames per request, one per step to every stream."""
+    wakeups: set[asyncio.Event] = set()
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(STEP_S)
+            for wakeup in list(wakeups):
+                wakeup.set()
+
+    async def body(wakeup: asyncio.Event):
+        try:
+            for i in range(frames):
+                await wakeup.wait()
+                wakeup.clear()
+                yield FRAME if i < frames - 1 else LAST_FRAME.replace('"completion_tokens":0', f'"completion_tokens":{frames}')
+            yield "data: [DONE]\n\n"
+        finally:
+            wakeups.discard(wakeup)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            asyncio.get_running_loop().create_task(ticker())
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        wakeup = asyncio.Event()
+        wakeups.add(wakeup)
+        frames_out = body(wakeup)
+        if response == "streaming_response":
+            await StreamingResponse(frames_out, media_type="text/event-stream")(scope, receive, send)
+        else:
+            await EventStream(frames_out, lambda: None)(scope, receive, send)
+
+    return app
+
+
+def _serve(port: int, response: str, frames: int) -> None:
+    uvicorn.run(bare_app(response, frames), host=HOST, port=port, log_level="warning", loop="uvloop", http="httptools")
+
+
+def process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
+    port = free_port()
+    server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, response, frames), daemon=True)
+    server.start()
+    try:
+        body = {"model": "tiny-random", "prompt": "hi"}
+        deadline = time.monotonic() + 60
+        while not any(not r.failed for r in asyncio.run(run_streams(HOST, port, [body] * 4, 60))[0]):  # up and warm
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bare server did not answer")
+            time.sleep(0.5)
+        before = process_cpu_s(server.pid)
+        results, _ = asyncio.run(run_streams(HOST, port, [body] * streams, 300))
+        cpu_s = process_cpu_s(server.pid) - before
+    finally:
+        server.kill()
+    sent = sum(r.frames for r in results)
+    return {"path": f"uvicorn_{response}", "streams": streams, "units": sent, "failed_streams": sum(r.failed for r in results), "cpu_us_per_unit": round(cpu_s / max(sent, 1) * 1e6, 1)}
+
+
+class _ScriptedEngine:
+    """An engine handle whose long poll returns one prepared step per call, once the streams
+    have written the previous step's frames; then it never returns."""
+
+    def __init__(self, steps: list[list[EngineOutput]]) -> None:
+        self.get_outputs = self
+        self.steps = iter(steps)
+        self.done = asyncio.Event()
+
+    async def remote(self, *args: object) -> list[EngineOutput]:
+        for _ in range(3):  # let every stream write its frame, as between two engine messages
+            await asyncio.sleep(0)
+        outputs = next(self.steps, None)
+        if outputs is None:
+            self.done.set()
+            await asyncio.Event().wait()
+        return outputs
+
+
+async def _spout_code(streams: int, frames: int) -> dict:
+    tokenizer = load_tokenizer("tiny-random")
+    prompt = tokenizer.encode("Request 1: tell me something.")
+    token_ids = tokenizer.encode(" the quick brown fox jumps over the lazy dog")
+    finish = [None] * (frames - 1) + [FinishReason.LENGTH]
+    engine = _ScriptedEngine([[EngineOutput(f"r{i}", [token_ids[step % len(token_ids)]], len(prompt), finish[step]) for i in range(streams)] for step in range(frames)])
+    detok = DetokClient(tokenizer.tokenizer, None, inline_threshold=1 << 30, tokens_per_call=1 << 30)
+    params = SamplingParams(temperature=0.0, max_tokens=frames, ignore_eos=True)
+    sent = 0
+
+    async def send(message: dict) -> None:
+        nonlocal sent
+        sent += message["type"] == "http.response.body"
+
+    async def never() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    started = time.process_time()
+    generation = Generation([engine], "bench", tokenizer, detok, IngressMetrics())  # its router starts polling at once
+    responses = []
+    for i in range(streams):
+        mailbox = Mailbox()
+        stream = ChoiceStream(f"r{i}", 0, 0, mailbox, initial_state(tokenizer.tokenizer, prompt, params))
+        generation.router.register(stream)
+        submission = Submission(FORMAT, [stream], mailbox, len(prompt), [""], time.perf_counter())
+        responses.append(asyncio.create_task(EventStream(generation.stream(submission, True), lambda: None)({"type": "http"}, never, send)))
+    await asyncio.wait_for(asyncio.gather(*responses), 300)
+    cpu_s = time.process_time() - started
+    tokens = streams * frames
+    return {"path": "spout_code", "streams": streams, "units": tokens, "failed_streams": 0, "cpu_us_per_unit": round(cpu_s / tokens * 1e6, 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="16 frames per stream instead of 64")
+    args = parser.parse_args(argv)
+    streams, frames = 256, 16 if args.quick else 64
+    rows = [measure_uvicorn(response, streams, frames) for response in ("streaming_response", "event_stream")]
+    rows.append(asyncio.run(_spout_code(streams, frames)))
+    print_table(rows)
+    print(f"wrote {write_results('egress_floor', rows, quick=args.quick)}")
+
+
+if __name__ == "__main__":
+    main()
