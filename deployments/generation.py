@@ -79,10 +79,8 @@ class Generation:
         self.router.fail_engine_streams(engine_index, APIError(503, ENGINE_FAILED, code="engine_failed"))
 
     def _pick_engine(self) -> int:
-        load = [0] * len(self.engines)
-        for stream in self.router.streams.values():
-            load[stream.engine_index] += 1
-        return min(range(len(self.engines)), key=load.__getitem__)
+        live = self.router.live_per_engine
+        return min(range(len(live)), key=live.__getitem__)
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
         """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""

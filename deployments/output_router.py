@@ -45,6 +45,8 @@ class OutputRouter:
         self.abort = abort
         self.on_engine_failure = on_engine_failure
         self.streams: dict[str, ChoiceStream] = {}
+        self.live_per_engine = [0] * len(engines)
+        """Registered streams per engine: the load `Generation` balances, kept as they come and go."""
         # Empty contexts, so that Ray does not cancel the engine polls with the request that
         # happened to start this router (see `TickBatcher`).
         loop = asyncio.get_running_loop()
@@ -52,9 +54,11 @@ class OutputRouter:
 
     def register(self, stream: ChoiceStream) -> None:
         self.streams[stream.request_id] = stream
+        self.live_per_engine[stream.engine_index] += 1
 
     def unregister(self, stream: ChoiceStream) -> None:
-        self.streams.pop(stream.request_id, None)
+        if self.streams.pop(stream.request_id, None) is not None:
+            self.live_per_engine[stream.engine_index] -= 1
 
     def fail_engine_streams(self, engine_index: int, error: APIError) -> None:
         for stream in list(self.streams.values()):

@@ -93,3 +93,22 @@ def test_a_submit_to_a_restarting_engine_is_a_503():
     error, live = asyncio.run(run())
     assert isinstance(error, APIError) and (error.status, error.code) == (503, "engine_failed")
     assert live == 0
+
+
+def test_requests_go_to_the_engine_with_the_fewest_live_choices():
+    async def run() -> None:
+        engines = [SlowEngine(), SlowEngine()]
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
+        generation = Generation(engines, "sub", TOKENIZER, detok, IngressMetrics())
+        first = await submit(generation)  # n=2 on engine 0
+        assert [s.engine_index for s in first.streams] == [0, 0]
+        second = await submit(generation)
+        assert [s.engine_index for s in second.streams] == [1, 1]
+        generation.release(first, cause="client_disconnect")
+        generation.release(first, cause="client_disconnect")  # twice: counted once
+        assert generation.router.live_per_engine == [0, 2]
+        third = await submit(generation)
+        assert [s.engine_index for s in third.streams] == [0, 0]
+        assert engines[0].added == [s.request_id for s in first.streams + third.streams]
+
+    asyncio.run(asyncio.wait_for(run(), 30))

@@ -33,18 +33,36 @@ def test_merge_outputs_keeps_order_and_the_last_finish():
     assert outputs[0].new_token_ids == [1]  # the engine's outputs are not modified
 
 
+class ScriptedEngine:
+    """An engine handle whose long poll returns ``messages`` one per call, then sets ``drained``
+    (every message has been routed) and never returns."""
+
+    def __init__(self, messages: list[list[EngineOutput]]) -> None:
+        self.get_outputs = self
+        self.messages = iter(messages)
+        self.drained = asyncio.Event()
+
+    async def remote(self, *args: object) -> list[EngineOutput]:
+        message = next(self.messages, None)
+        if message is None:
+            self.drained.set()
+            await asyncio.Event().wait()
+        return message
+
+
 def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
     """Feed engine messages through an OutputRouter; the text, finish reason and aborts."""
 
     async def run() -> tuple[str, str | None, list[str]]:
         aborts: list[str] = []
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        router = OutputRouter([], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")
-        router.register(ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params)))
-        for message in messages:
-            await router._route(message)
+        stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params))
+        engine = ScriptedEngine(messages)
+        router = OutputRouter([engine], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
+        router.register(stream)  # before the router's first poll runs
+        await asyncio.wait_for(engine.drained.wait(), 30)
         deltas = mailbox.pending[0]
         return deltas.text, deltas.finish_reason, aborts
 
