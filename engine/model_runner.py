@@ -18,7 +18,7 @@ from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
-from sampling.sampler import Sampler
+from sampling.sampler import Sampler, SamplerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class ModelRunner:
             config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids
         )
         self.sampler = Sampler()
+        # On the CPU the [N, vocab] logits cost more to write and read than to compute: a batch that
+        # only needs their argmax takes it from the lm_head in vocabulary chunks (on CUDA they are cheap).
+        self.fuse_argmax = self.device.type == "cpu"
         self.pinned = self.device.type == "cuda"
         logger.info("model on %s as %s", self.device, self.dtype)
 
@@ -94,16 +97,16 @@ class ModelRunner:
         verifies_drafts = any(step.draft_token_ids)
         if not step.sampled:
             return InFlightStep(step, None, [], None, verifies_drafts)
-        logits = self._guided_logits(step, hidden)
         rows = self._to_device([r.slot for r in step.sampled])
         if verifies_drafts:
+            logits = self._guided_logits(step, hidden)
             drafts = [token for request_drafts in step.draft_token_ids for token in [*request_drafts, -1]]
             cu_num_rows = torch.tensor(list(accumulate((len(d) + 1 for d in step.draft_token_ids), initial=0)))
             output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch)
             values = [output.token_ids, output.num_emitted]
             last_token_ids = output.token_ids[cu_num_rows[:-1].to(self.device, non_blocking=True) + output.num_emitted - 1]
         else:
-            output = self.sampler(logits, rows, self.sampling_batch)
+            output = self._sample(step, hidden, rows)
             values = [output.sampled_token_ids]
             last_token_ids = output.sampled_token_ids
         if output.logprobs is not None:
@@ -116,6 +119,14 @@ class ModelRunner:
         if done is not None:
             done.record()
         return InFlightStep(step, last_token_ids, host, done, verifies_drafts)
+
+    def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor) -> SamplerOutput:
+        """One token per sampled request: the lm_head's argmax when the batch needs nothing else
+        and fusing pays, else the sampler on the (guided) logits."""
+        if self.fuse_argmax and not step.guided_rows and self.sampling_batch.argmax_only:
+            token_ids = self.model.argmax_logits(hidden[self._to_device(step.logits_indices)])
+            return self.sampler.record_argmax(token_ids, rows, self.sampling_batch)
+        return self.sampler(self._guided_logits(step, hidden), rows, self.sampling_batch)
 
     def _guided_logits(self, step: ScheduledStep, hidden: torch.Tensor) -> torch.Tensor:
         """[len(step.logits_indices), V] logits; guided rows get ``l_u + scale * (l_c - l_u)``."""

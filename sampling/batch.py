@@ -124,6 +124,12 @@ class SamplingBatch:
 
     # ---- host-side summaries -------------------------------------------------------------------
 
+    @property
+    def argmax_only(self) -> bool:
+        """Every occupied row takes the argmax of its raw logits: all are greedy, and none needs
+        a mask, a logit edit, a penalty or logprobs (each of those is a feature in ``uses``)."""
+        return not self.uses
+
     def max_top_k(self) -> int:
         """Largest enabled top_k among occupied sampling rows (0 if none)."""
         return max((p.top_k for p in self.params if p is not None and not p.is_greedy and p.top_k > 0), default=0)

@@ -10,6 +10,9 @@ from engine.config import ModelConfig
 from engine.models.attention_metadata import AttentionMetadata
 from engine.models.rope import RotaryEmbedding
 
+ARGMAX_VOCAB_CHUNK = 4096
+"""Vocabulary rows per matmul in `LlamaForCausalLM.argmax_logits`: [N, 4096] float32 logits stay in cache."""
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
@@ -108,11 +111,29 @@ class LlamaForCausalLM(nn.Module):
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.norm(hidden)
 
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """[vocab, hidden]: the lm_head's, or the embedding's when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] (only the rows to sample) -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return F.linear(hidden, self.output_weight).float()
+
+    @torch.inference_mode()
+    def argmax_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> [N] int64, ``compute_logits(hidden).max(-1).indices`` (the first
+        maximum) without the [N, vocab] logits: on the CPU, writing them out and reading them back
+        costs more than the matmul, so the vocabulary goes ``ARGMAX_VOCAB_CHUNK`` rows at a time."""
+        weight = self.output_weight
+        best_values, best_ids = F.linear(hidden, weight[:ARGMAX_VOCAB_CHUNK]).float().max(dim=-1)
+        for start in range(ARGMAX_VOCAB_CHUNK, weight.shape[0], ARGMAX_VOCAB_CHUNK):
+            values, ids = F.linear(hidden, weight[start : start + ARGMAX_VOCAB_CHUNK]).float().max(dim=-1)
+            better = values > best_values  # strictly: an earlier chunk keeps a tie
+            best_values = torch.where(better, values, best_values)
+            best_ids = torch.where(better, ids + start, best_ids)
+        return best_ids
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy HF-named weights in; every parameter must be present and no name unknown."""

@@ -41,6 +41,7 @@ def generate(engine: EngineCore, prompt: list[int], params: SamplingParams) -> l
 def next_token_logits(tiny_checkpoint, token_ids: list[int]) -> torch.Tensor:
     """Logits after ``token_ids``, from a separate engine prefilling them in one pass."""
     engine = tiny_engine(tiny_checkpoint)
+    engine.runner.fuse_argmax = False  # greedy, so that the sampler sees the logits
     recorder = RecordingSampler(engine.runner.sampler)
     engine.runner.sampler = recorder
     generate(engine, token_ids, SamplingParams(temperature=0.0, max_tokens=1))
