@@ -11,7 +11,9 @@ host from `SamplingBatch.uses`):
 1. float32 logits (a copy only when masks edit them in place); raw logprobs if any row asks and mode is ``raw``
 2. masks: ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``
 3. penalties (repetition / presence / frequency), DRY
-4. all-greedy batch: argmax and return
+4. all-greedy batch: argmax and return (when no stage before it is in use either,
+   `SamplingBatch.argmax_only`, the engine may take that argmax fused with its lm_head
+   and hand it to `Sampler.record_argmax`)
 5. temperature (greedy rows divided by 1), truncations, exponential-race draw
    (a Triton kernel on CUDA, the torch path otherwise)
 6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
