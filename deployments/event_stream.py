@@ -17,7 +17,8 @@ class EventStream(Response):
     machinery cost the ingress about as much CPU as four frames. Here one plain task waits
     for ``http.disconnect`` and calls ``on_disconnect`` at once, which must make ``frames``
     end soon (`Generation.disconnect` aborts the request and wakes its mailbox); nothing is
-    sent after it.
+    sent after it. A response cut short another way (a failed send, a cancellation) calls
+    ``on_disconnect`` too.
     """
 
     media_type = "text/event-stream"
@@ -31,17 +32,25 @@ class EventStream(Response):
         self.init_headers()  # no body attribute, so no content-length
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        listener = asyncio.get_running_loop().create_task(self._listen(receive))
+        listener: asyncio.Task[None] | None = None
+        ended = False
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            listener = asyncio.get_running_loop().create_task(self._listen(receive))
             async for frame in self.frames:
                 if self.client_left:
                     break
                 await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
             if not self.client_left:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                ended = True
         finally:
-            listener.cancel()
+            if listener is not None:
+                listener.cancel()
+            if not ended and not self.client_left:
+                # Cut short by a failed send or a cancellation, maybe before ``frames`` ever ran (so
+                # its own cleanup would not): the request must not keep running for nobody.
+                self.on_disconnect()
             await self.frames.aclose()
 
     async def _listen(self, receive: Receive) -> None:

@@ -64,3 +64,24 @@ def test_a_client_that_leaves_is_reported_at_once_and_sent_nothing_more():
     sent, events = asyncio.run(asyncio.wait_for(run(), 10))
     assert events == ["disconnect", "frames closed"]
     assert [m.get("body") for m in sent[1:]] == [b"data: first\n\n"]
+
+
+def test_a_response_cut_short_before_its_first_frame_still_releases_the_request():
+    async def run() -> list[str]:
+        events: list[str] = []
+
+        async def frames() -> AsyncGenerator[str, None]:
+            events.append("frames started")
+            yield "data: never sent\n\n"
+
+        async def failing_send(message: dict) -> None:
+            raise OSError("the connection is gone")
+
+        stream = EventStream(frames(), lambda: events.append("disconnect"))
+        try:
+            await stream({"type": "http"}, asyncio.Queue().get, failing_send)
+        except OSError:
+            events.append("error raised")
+        return events
+
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == ["disconnect", "error raised"]
