@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench
+.PHONY: install run test lint bench
 
 install: $(STAMP)
 
@@ -18,7 +18,13 @@ run: install
 	RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(VENV)/bin/serve run deployments:app
 
 test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 bench: install
 	$(PY) -m bench.engine --quick

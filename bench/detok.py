@@ -57,10 +57,7 @@ def corpus_ids(tokenizer: Tokenizer, count: int) -> list[int]:
     rng = random.Random(0)
     ids: list[int] = []
     while len(ids) < count:
-        words = [
-            rng.choice(EXOTIC if rng.random() < EXOTIC_RATE else WORDS) + ("\n" if rng.random() < 0.08 else " ")
-            for _ in range(2000)
-        ]
+        words = [rng.choice(EXOTIC if rng.random() < EXOTIC_RATE else WORDS) + ("\n" if rng.random() < 0.08 else " ") for _ in range(2000)]
         ids += tokenizer.encode("".join(words)).ids
     return ids
 

@@ -117,7 +117,13 @@ def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
     finally:
         server.kill()
     sent = sum(r.frames for r in results)
-    return {"path": f"uvicorn_{response}", "streams": streams, "units": sent, "failed_streams": sum(r.failed for r in results), "cpu_us_per_unit": round(cpu_s / max(sent, 1) * 1e6, 1)}
+    return {
+        "path": f"uvicorn_{response}",
+        "streams": streams,
+        "units": sent,
+        "failed_streams": sum(r.failed for r in results),
+        "cpu_us_per_unit": round(cpu_s / max(sent, 1) * 1e6, 1),
+    }
 
 
 class _ScriptedEngine:
@@ -144,7 +150,9 @@ async def _spout_code(streams: int, frames: int) -> dict:
     prompt = tokenizer.encode("Request 1: tell me something.")
     token_ids = tokenizer.encode(" the quick brown fox jumps over the lazy dog")
     finish = [None] * (frames - 1) + [FinishReason.LENGTH]
-    engine = _ScriptedEngine([[EngineOutput(f"r{i}", [token_ids[step % len(token_ids)]], len(prompt), finish[step]) for i in range(streams)] for step in range(frames)])
+    engine = _ScriptedEngine(
+        [[EngineOutput(f"r{i}", [token_ids[step % len(token_ids)]], len(prompt), finish[step]) for i in range(streams)] for step in range(frames)]
+    )
     detok = DetokClient(tokenizer.tokenizer, None, inline_threshold=1 << 30, tokens_per_call=1 << 30)
     params = SamplingParams(temperature=0.0, max_tokens=frames, ignore_eos=True)
     sent = 0

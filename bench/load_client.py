@@ -68,10 +68,7 @@ async def _body_pieces(reader: asyncio.StreamReader, headers: dict[bytes, bytes]
 
 def _request_bytes(host: str, port: int, path: str, body: dict) -> bytes:
     payload = json.dumps(body).encode()
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    )
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     return head.encode() + payload
 
 

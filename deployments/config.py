@@ -31,9 +31,7 @@ class ServeArgs(BaseModel):
     detok_upscale_delay_s: float = Field(2.0, ge=0)
     detok_downscale_delay_s: float = Field(30.0, ge=0)
     ingress_replicas: int = Field(1, ge=1)
-    inline_detok_threshold: int = Field(
-        256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress."
-    )
+    inline_detok_threshold: int = Field(256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress.")
     stream_interval: int = Field(
         1,
         ge=1,

@@ -191,10 +191,7 @@ class Generation:
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        choices = [
-            fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i])))
-            for i in range(len(submission.streams))
-        ]
+        choices = [fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
         return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens, submission.streams))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:

@@ -156,10 +156,7 @@ def _token_ends(decoded: _Decoded, prefix_texts: list[str]) -> list[int]:
     state = decoded.item.state
     start = decoded.ctx_chars + state.pending_sent
     held = len(state.held)
-    ends = [
-        held + max(0, stable_end(decoded.ctx_chars, text, False, decoded.concatenative) - start)
-        for text in prefix_texts
-    ]
+    ends = [held + max(0, stable_end(decoded.ctx_chars, text, False, decoded.concatenative) - start) for text in prefix_texts]
     return [*ends, len(decoded.buffer)]
 
 
@@ -185,7 +182,5 @@ def _finalize(decoded: _Decoded, match: StopMatch | None, keep: int) -> DetokRes
         text, held = stop_output(decoded.buffer, match, state.params.include_stop_str_in_output), ""
         hit = StopHit(match.stop, keep)
     done = finished or hit is not None
-    new_state = DetokState(
-        window, ctx_len, ctx_chars, pending_sent, held, state.num_output_tokens + keep, done, state.params
-    )
+    new_state = DetokState(window, ctx_len, ctx_chars, pending_sent, held, state.num_output_tokens + keep, done, state.params)
     return DetokResult(text, new_state, hit, None, decoded.token_strings)

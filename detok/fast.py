@@ -22,9 +22,7 @@ from detok.vocab_bytes import VocabBytes
 INCOMPLETE = "unexpected end of data"
 
 
-def fast_result(
-    state: DetokState, new_ids: Sequence[int], finished: bool, table: VocabBytes, vocab_size: int
-) -> DetokResult | None:
+def fast_result(state: DetokState, new_ids: Sequence[int], finished: bool, table: VocabBytes, vocab_size: int) -> DetokResult | None:
     """The result for one item in the common case, else ``None``."""
     window, ctx_len, ctx_chars, pending_sent, old_held, num, done, params = state
     if done or ctx_chars is None or not new_ids:

@@ -91,9 +91,7 @@ def advance(
     return text[start:end], window, state.ctx_len, ctx_chars, end - ctx_chars
 
 
-def _settle(
-    state: DetokState, window: tuple[int, ...], new_text: str, pending_chars: int, ctx_chars: int, concatenative: bool
-) -> Advance:
+def _settle(state: DetokState, window: tuple[int, ...], new_text: str, pending_chars: int, ctx_chars: int, concatenative: bool) -> Advance:
     """All text is final: the pending ids (or, if many, the last few) become the context."""
     pending = window[state.ctx_len :]
     if not pending:

@@ -60,7 +60,4 @@ class EngineConfig:
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_NGRAM_SIZE:
-            raise ValueError(
-                f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= {MAX_NGRAM_SIZE}, "
-                f"got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
-            )
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= {MAX_NGRAM_SIZE}, got {self.prompt_lookup_min} and {self.prompt_lookup_max}")

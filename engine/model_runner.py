@@ -67,9 +67,7 @@ class ModelRunner:
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rope.to(dtype=torch.float32)
         self.kv_cache = KVCache(checkpoint.config, config.max_num_seqs, config.max_model_len, self.dtype, self.device)
-        self.sampling_batch = SamplingBatch(
-            config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids
-        )
+        self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)
         self.sampler = Sampler()
         # On the CPU the [N, vocab] logits cost more to write and read than to compute: a batch that
         # only needs their argmax takes it from the lm_head in vocabulary chunks (on CUDA they are cheap).

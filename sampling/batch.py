@@ -194,9 +194,7 @@ class SamplingBatch:
             return
         always_banned = {e.token for e in entries if e.value == float("-inf") and not e.prefix}
         if set(params.allowed_token_ids) <= always_banned:
-            raise AllTokensMaskedError(
-                "allowed_token_ids: every allowed token is banned by bad_words or by min_tokens (stop/EOS ids)"
-            )
+            raise AllTokensMaskedError("allowed_token_ids: every allowed token is banned by bad_words or by min_tokens (stop/EOS ids)")
 
     def _write_columns(self, row: int, params: SamplingParams) -> None:
         greedy = params.is_greedy

@@ -193,9 +193,7 @@ class Sampler:
     def _triton_enabled(self, device: torch.device) -> bool:
         return self.use_triton if self.use_triton is not None else device.type == "cuda"
 
-    def _truncate(
-        self, scaled: torch.Tensor, p: RowParams, stages: frozenset[str], keys: torch.Tensor, batch: SamplingBatch
-    ) -> Candidates:
+    def _truncate(self, scaled: torch.Tensor, p: RowParams, stages: frozenset[str], keys: torch.Tensor, batch: SamplingBatch) -> Candidates:
         """The torch path: truncations on the narrowest candidate set that covers every row."""
         if not stages:
             return whole_vocab(scaled)

@@ -33,9 +33,7 @@ class Entry:
     """Applies only when the row's last outputs equal this (empty: no such gate)."""
 
 
-def entries_for(
-    params: SamplingParams, eos_token_ids: tuple[int, ...], encode: Callable[[str], list[int]] | None
-) -> list[Entry]:
+def entries_for(params: SamplingParams, eos_token_ids: tuple[int, ...], encode: Callable[[str], list[int]] | None) -> list[Entry]:
     """All logit edits of one request."""
     entries = [Entry(token, bias) for token, bias in params.logit_bias.items() if bias != 0.0]
     if params.min_tokens > 0:

@@ -70,9 +70,7 @@ def _resolve_path(model: str) -> Path:
     path = default_model_path() if model == DEFAULT_MODEL else Path(model).expanduser()
     if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").exists()):
         return path
-    raise ModelNotFoundError(
-        f"model {model!r} is neither {DEFAULT_MODEL!r}, {TINY_RANDOM!r}, a .gguf file nor a folder with config.json"
-    )
+    raise ModelNotFoundError(f"model {model!r} is neither {DEFAULT_MODEL!r}, {TINY_RANDOM!r}, a .gguf file nor a folder with config.json")
 
 
 def load_tokenizer(model: str) -> TextTokenizer:

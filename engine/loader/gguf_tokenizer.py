@@ -33,9 +33,7 @@ def _gpt2() -> pre_tokenizers.PreTokenizer:
 
 
 def _smollm() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), _gpt2()]
-    )
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
 def _regex_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
@@ -65,27 +63,19 @@ def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
         return PRE_TOKENIZERS[name]()
     except KeyError:
         known = ", ".join(sorted(PRE_TOKENIZERS))
-        raise UnsupportedGGUFTokenizerError(
-            f"unsupported tokenizer.ggml.pre {name!r} (supported: {known})"
-        ) from None
+        raise UnsupportedGGUFTokenizerError(f"unsupported tokenizer.ggml.pre {name!r} (supported: {known})") from None
 
 
 def _added_tokens(tokens: Sequence[str], token_types: Sequence[int]) -> list[AddedToken]:
     """Control tokens become special added tokens, user-defined ones plain added tokens."""
     kinds = {TOKEN_TYPE_CONTROL: True, TOKEN_TYPE_USER_DEFINED: False}
-    return [
-        AddedToken(tok, special=kinds[kind], normalized=False)
-        for tok, kind in zip(tokens, token_types)
-        if kind in kinds
-    ]
+    return [AddedToken(tok, special=kinds[kind], normalized=False) for tok, kind in zip(tokens, token_types) if kind in kinds]
 
 
 def _bos_processor(fields: Mapping[str, object], tokens: Sequence[str]) -> processors.PostProcessor:
     bos_id = int(fields["tokenizer.ggml.bos_token_id"])  # type: ignore[arg-type]
     bos = tokens[bos_id]
-    return processors.TemplateProcessing(
-        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
-    )
+    return processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)])
 
 
 def tokenizer_from_gguf(fields: Mapping[str, object]) -> Tokenizer:
@@ -96,9 +86,7 @@ def tokenizer_from_gguf(fields: Mapping[str, object]) -> Tokenizer:
     """
     model_name = fields.get("tokenizer.ggml.model")
     if model_name != "gpt2":
-        raise UnsupportedGGUFTokenizerError(
-            f"unsupported tokenizer.ggml.model {model_name!r} (only byte-level BPE 'gpt2')"
-        )
+        raise UnsupportedGGUFTokenizerError(f"unsupported tokenizer.ggml.model {model_name!r} (only byte-level BPE 'gpt2')")
     tokens: list[str] = list(fields["tokenizer.ggml.tokens"])  # type: ignore[call-overload]
     merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]  # type: ignore[attr-defined]
     token_types: list[int] = list(fields.get("tokenizer.ggml.token_type", []))  # type: ignore[call-overload]

@@ -61,9 +61,7 @@ def apply_dry(
     return logits - per_token * ~_token_mask(breakers, logits.shape[1])
 
 
-def _match_lengths(
-    history: torch.Tensor, last: torch.Tensor, start: torch.Tensor, limit: torch.Tensor, pos: torch.Tensor
-) -> torch.Tensor:
+def _match_lengths(history: torch.Tensor, last: torch.Tensor, start: torch.Tensor, limit: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """[n, L] int64: for each j, the common-suffix length of ``history[..j]`` and ``history[..last]``."""
     match = torch.zeros_like(history)
     alive = torch.ones_like(history, dtype=torch.bool)

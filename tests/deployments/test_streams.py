@@ -40,7 +40,7 @@ def test_stream_interval_counts_each_choice_on_its_own():
 
 @given(st.text(), st.booleans(), st.sampled_from([None, "stop", "length"]), st.one_of(st.none(), st.integers(0, 9), st.text(max_size=5)))
 def test_chunk_frame_is_the_sse_of_the_chunk(text: str, chat: bool, finish: str | None, stop_reason: int | str | None):
-    fmt = ResponseFormat.new("cmpl-x", "model \"q\"", chat=chat)
+    fmt = ResponseFormat.new("cmpl-x", 'model "q"', chat=chat)
     choices = [fmt.chunk_choice(0, text, finish, stop_reason), fmt.chunk_choice(1, text[::-1], None, None, role=chat)]
     assert fmt.chunk_frame(choices) == sse(fmt.chunk(choices))
     assert json.loads(fmt.chunk_frame(choices)[len("data: ") :])["choices"][0] == choices[0]

@@ -48,9 +48,7 @@ def flatten(tokenizer: Tokenizer, segments: list[list]) -> list[int]:
 @pytest.mark.parametrize("generic", [False, True], ids=["byte-level", "generic-path"])
 @settings(max_examples=120, deadline=None)
 @given(data=st.data(), sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), skip=st.booleans())
-def test_deltas_concatenate_to_full_decode(
-    tokenizer: Tokenizer, tricky_ids: list[int], generic: bool, data, sizes, skip
-) -> None:
+def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, tricky_ids: list[int], generic: bool, data, sizes, skip) -> None:
     ids = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     prompt = flatten(tokenizer, data.draw(id_sequences(tricky_ids)))
     full = tokenizer.decode(ids, skip_special_tokens=skip)
@@ -74,10 +72,7 @@ def test_one_batch_many_requests_equals_separate(tokenizer: Tokenizer, tricky_id
     states = [initial_state(tokenizer, [], SamplingParams(skip_special_tokens=skip)) for _ in seqs]
     sent = [""] * len(seqs)
     for step in range(max(map(len, chunked), default=0) + 1):
-        items = [
-            DetokItem(states[n], chunks[step] if step < len(chunks) else [], finished=step == len(chunks))
-            for n, chunks in enumerate(chunked)
-        ]
+        items = [DetokItem(states[n], chunks[step] if step < len(chunks) else [], finished=step == len(chunks)) for n, chunks in enumerate(chunked)]
         for n, result in enumerate(detokenize_batch(tokenizer, items)):
             if step <= len(chunked[n]):
                 sent[n] += result.text

@@ -17,9 +17,7 @@ def llama_like() -> Tokenizer:
     vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
     vocab.update({w: 257 + n for n, w in enumerate(WORDS)})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     return tok
 
 

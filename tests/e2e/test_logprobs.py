@@ -33,6 +33,8 @@ def test_chat_logprobs(server):
     for entry in content:
         assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
-    streamed = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2, stream=True))
+    streamed = list(
+        client.chat.completions.create(model=server.model, messages=messages, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2, stream=True)
+    )
     tokens = [e.token for chunk in streamed for c in chunk.choices if c.logprobs for e in c.logprobs.content]
     assert tokens == [entry.token for entry in content]

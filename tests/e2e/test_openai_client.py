@@ -70,9 +70,7 @@ def test_n2_choices_have_their_own_index_and_finish_reason(server):
 
 def test_include_usage_adds_a_last_chunk_with_usage(server):
     client = server.openai()
-    texts, _, chunks = stream_chat(
-        client, model=server.model, messages=MESSAGES, max_tokens=6, temperature=0.0, stream_options={"include_usage": True}
-    )
+    texts, _, chunks = stream_chat(client, model=server.model, messages=MESSAGES, max_tokens=6, temperature=0.0, stream_options={"include_usage": True})
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     assert last.usage.completion_tokens == 6

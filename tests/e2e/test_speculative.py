@@ -18,9 +18,7 @@ def test_speculation_gives_the_greedy_text_and_reports_its_drafts(server):
     client = server.openai()
     plain = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=24, temperature=0.0)
     drafted_before = engine_counter(server, "draft")
-    speculated = client.completions.create(
-        model=server.model, prompt=PROMPT, max_tokens=24, temperature=0.0, extra_body={"num_speculative_tokens": 4}
-    )
+    speculated = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=24, temperature=0.0, extra_body={"num_speculative_tokens": 4})
     assert speculated.choices[0].text == plain.choices[0].text
     details = speculated.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0

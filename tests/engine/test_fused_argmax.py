@@ -15,9 +15,17 @@ from tests.engine.conftest import output_ids, run_until_done
 
 def test_argmax_logits_is_the_first_maximum_of_the_logits():
     config = ModelConfig(
-        vocab_size=2 * ARGMAX_VOCAB_CHUNK + 100, hidden_size=8, intermediate_size=16, num_layers=1,
-        num_heads=2, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-5, rope_theta=10000.0,
-        max_position_embeddings=64, tie_word_embeddings=True,
+        vocab_size=2 * ARGMAX_VOCAB_CHUNK + 100,
+        hidden_size=8,
+        intermediate_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
     )
     model = LlamaForCausalLM(config, max_positions=64).eval()
     generator = torch.Generator().manual_seed(0)
@@ -27,7 +35,14 @@ def test_argmax_logits_is_the_first_maximum_of_the_logits():
         # Exact ties (one nonzero term each, so no rounding) across chunks, within a chunk and in
         # the last, short chunk: the first index must win.
         axes = torch.eye(8)
-        for row, axis in ((3, 0), (ARGMAX_VOCAB_CHUNK + 7, 0), (2 * ARGMAX_VOCAB_CHUNK + 50, 0), (ARGMAX_VOCAB_CHUNK + 8, 1), (ARGMAX_VOCAB_CHUNK + 9, 1), (2 * ARGMAX_VOCAB_CHUNK + 60, 2)):
+        for row, axis in (
+            (3, 0),
+            (ARGMAX_VOCAB_CHUNK + 7, 0),
+            (2 * ARGMAX_VOCAB_CHUNK + 50, 0),
+            (ARGMAX_VOCAB_CHUNK + 8, 1),
+            (ARGMAX_VOCAB_CHUNK + 9, 1),
+            (2 * ARGMAX_VOCAB_CHUNK + 60, 2),
+        ):
             weight[row] = 5 * axes[axis]
     hidden = torch.cat([torch.randn(64, 8, generator=generator), axes[:3]])
     expected = model.compute_logits(hidden).max(dim=-1).indices
@@ -61,7 +76,10 @@ def test_greedy_batches_decode_the_same_fused_or_not(tiny_checkpoint: Checkpoint
 
 
 def test_a_request_that_edits_logits_turns_the_fused_path_off(tiny_checkpoint: Checkpoint):
-    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.5)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.5),
+    ]
     fused = generate(tiny_checkpoint, True, params)
     assert fused.pop("fused_calls") == [0]
     assert fused == {k: v for k, v in generate(tiny_checkpoint, False, params).items() if k != "fused_calls"}

@@ -145,10 +145,7 @@ def test_banned_drafts_are_rejected(use_triton: bool) -> None:
     n = 200
     logits = torch.zeros(2, VOCAB, device=DEVICE)
     logits[:, 1] = logits[:, 4] = 8.0
-    params = [
-        SamplingParams(seed=i, bad_words=["ad"], top_k=[0, 2][i % 2]) if i % 3 else SamplingParams(temperature=0.0, bad_words=["ad"])
-        for i in range(n)
-    ]
+    params = [SamplingParams(seed=i, bad_words=["ad"], top_k=[0, 2][i % 2]) if i % 3 else SamplingParams(temperature=0.0, bad_words=["ad"]) for i in range(n)]
     out = verify(Sampler(use_triton=use_triton), logits.repeat(n, 1), [[1]] * n, make_batch(params))
     emitted = out.token_ids.view(n, 2)
     accepted = emitted[:, 0] == 1

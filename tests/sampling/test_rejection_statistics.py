@@ -51,9 +51,7 @@ VOCAB = 6
 PROMPT = [0, 1, 0]
 POSITIONS = 3
 JOINT_CONFIGS = {
-    "penalties_top_p": SamplingParams(
-        repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3, top_p=0.8, temperature=0.9
-    ),
+    "penalties_top_p": SamplingParams(repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3, top_p=0.8, temperature=0.9),
     "bad_word_min_tokens_top_k": SamplingParams(bad_words=["ab"], min_tokens=2, top_k=4, temperature=1.2),
 }
 """History-dependent transforms. "ab" encodes to (1, 2): token 2 is banned right after 1; EOS (5) before 2 outputs.

@@ -60,8 +60,14 @@ def test_seeded_rows_match_torch_path(vocab: int) -> None:
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(7)) * 3
     params = [
         SamplingParams(
-            top_k=(i % 7) * 5, top_p=0.5 + (i % 5) / 10, min_p=(i % 3) / 50, typical_p=[1.0, 0.9, 0.5][i % 3],
-            top_n_sigma=[-1.0, 1.0, 2.5, 0.5][i % 4], xtc_probability=(i % 2) / 2, xtc_threshold=0.02, seed=i,
+            top_k=(i % 7) * 5,
+            top_p=0.5 + (i % 5) / 10,
+            min_p=(i % 3) / 50,
+            typical_p=[1.0, 0.9, 0.5][i % 3],
+            top_n_sigma=[-1.0, 1.0, 2.5, 0.5][i % 4],
+            xtc_probability=(i % 2) / 2,
+            xtc_threshold=0.02,
+            seed=i,
         )
         for i in range(rows)
     ]
