@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from deployments.limits import RequestLimits
 from engine.config import DEFAULT_MODEL, EngineConfig
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 
-class ServeArgs(BaseModel):
-    """Options of ``deployments.build_app`` (``serve run deployments:build_app key=value ...``)."""
+class ServeArgs(RequestLimits):
+    """Options of ``deployments.build_app`` (``serve run deployments:build_app key=value ...``);
+    the per-request limits of `RequestLimits` are options too."""
 
     model_config = ConfigDict(extra="forbid")
 

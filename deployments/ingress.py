@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
-import re
 import uuid
 from typing import TypeVar
 
@@ -21,9 +19,11 @@ from deployments.engine_actor import EngineActor
 from deployments.errors import APIError, from_validation_error
 from deployments.event_stream import EventStream
 from deployments.generation import Generation, Submission
+from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
 from deployments.metrics import IngressMetrics
 from deployments.openapi import openapi_document
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.request_body import parse_json_object, read_body
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
@@ -111,21 +111,8 @@ class Ingress:
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     async def _json_body(self, request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.args.max_body_bytes:
-            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
-        body = await request.body()
-        if len(body) > self.args.max_body_bytes:
-            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
-        try:
-            parsed = json.loads(body)
-            if re.search(rb"\\u[dD][89a-fA-F]", body):  # only an escape can carry a surrogate; a lone one is not text
-                json.dumps(parsed, ensure_ascii=False).encode()
-        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, lone surrogates, ints over 4300 digits, deep nesting
-            raise APIError(400, f"malformed JSON: {error}", code="invalid_json") from error
-        if not isinstance(parsed, dict):
-            raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-        return parsed
+        body = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
+        return parse_json_object(body, self.args.max_json_depth)
 
     def _check_model(self, model: str) -> None:
         if model != self.args.model_name:
@@ -135,13 +122,7 @@ class Ingress:
         assert self.max_model_len is not None
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        if len(prompt) >= self.max_model_len:
-            raise APIError(
-                413,
-                f"the prompt has {len(prompt)} tokens; this model's context is {self.max_model_len} tokens",
-                param="prompt",
-                code="context_length_exceeded",
-            )
+        check_context_length(len(prompt), self.max_model_len)
 
     async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
         try:
@@ -159,8 +140,15 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
         params = body.sampling_params()
+        texts_or_ids = body.prompts()
+        choices = len(texts_or_ids) * params.n
+        check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
+        check_echo(self.args, body.echo, choices)
         generation = await self._ready()
-        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+        assert self.max_model_len is not None
+        check_prompts(self.args, texts_or_ids, self.max_model_len)
+        check_in_flight(self.args, len(generation.router.streams), choices)
+        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in texts_or_ids]
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
@@ -169,9 +157,13 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
+        messages = body.chat_messages()
+        check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
+        check_messages(self.args, [m["content"] for m in messages])
         generation = await self._ready()
+        check_in_flight(self.args, len(generation.router.streams), params.n)
         try:
-            prompt = self.tokenizer.encode_chat(body.chat_messages(), body.add_generation_prompt)
+            prompt = self.tokenizer.encode_chat(messages, body.add_generation_prompt)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
