@@ -22,6 +22,7 @@ from deployments.generation import Generation, Submission
 from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
 from deployments.metrics import IngressMetrics
 from deployments.openapi import openapi_document
+from deployments.prompt_encoder import PromptEncoder
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.request_body import parse_json_object, read_body
 from deployments.responses import ResponseFormat
@@ -56,6 +57,7 @@ class Ingress:
         self.tokenizer = load_tokenizer(self.args.model)
         self.engines = engine_handles(self.args)
         self.metrics = IngressMetrics()
+        self.encoder = PromptEncoder(self.tokenizer)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.generation: asyncio.Task[Generation] | None = None
@@ -148,7 +150,7 @@ class Ingress:
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
         check_in_flight(self.args, len(generation.router.streams), choices)
-        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in texts_or_ids]
+        prompts = await self.encoder.prompts(texts_or_ids)
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
@@ -163,7 +165,7 @@ class Ingress:
         generation = await self._ready()
         check_in_flight(self.args, len(generation.router.streams), params.n)
         try:
-            prompt = self.tokenizer.encode_chat(messages, body.add_generation_prompt)
+            prompt = await self.encoder.chat(messages, body.add_generation_prompt)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
