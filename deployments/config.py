@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from deployments.limits import RequestLimits
 from engine.config import DEFAULT_MODEL, EngineConfig
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
+
+QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
 
 
 class ServeArgs(RequestLimits):
@@ -43,6 +45,15 @@ class ServeArgs(RequestLimits):
     api_key: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
+
+    @model_validator(mode="after")
+    def _one_request_cannot_fill_the_queue(self) -> ServeArgs:
+        if self.max_choices_per_request * QUEUE_SHARE > self.max_waiting_requests:
+            raise ValueError(
+                f"max_choices_per_request ({self.max_choices_per_request}) must be at most 1/{QUEUE_SHARE} of max_waiting_requests "
+                f"({self.max_waiting_requests}), so that one request cannot fill an engine's queue"
+            )
+        return self
 
     @property
     def model_name(self) -> str:

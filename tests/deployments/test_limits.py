@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from deployments.config import ServeArgs
 from deployments.errors import APIError
@@ -114,3 +115,9 @@ def test_limits_are_serve_options():
     defaults = ServeArgs()
     assert defaults.max_choices_per_request * 8 <= defaults.max_waiting_requests  # one request cannot fill the queue
     assert defaults.max_client_speculative_tokens == 0
+
+
+def test_one_request_cannot_fill_the_waiting_queue():
+    ServeArgs(max_choices_per_request=64, max_waiting_requests=256)
+    with pytest.raises(ValidationError, match="max_choices_per_request"):
+        ServeArgs(max_choices_per_request=65, max_waiting_requests=256)
