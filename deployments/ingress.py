@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
+import traceback
 import uuid
 from typing import TypeVar
 
@@ -13,6 +15,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
@@ -53,7 +56,8 @@ class Ingress:
     """Serve deployment body (options set in `deployments.app`)."""
 
     def __init__(self, args: dict, detok_pool: object | None) -> None:
-        self.args = ServeArgs(**args)
+        self.args = ServeArgs.from_options(args, os.environ)
+        self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
         self.engines = engine_handles(self.args)
         self.metrics = IngressMetrics()
@@ -81,8 +85,8 @@ class Ingress:
             response = await self._route(request)
         except APIError as error:
             response = error.response()
-        except Exception:
-            logger.exception("unhandled error")
+        except Exception as error:  # the type and the frames only: a message may quote the request's text
+            logger.error("unhandled %s on %s\n%s", type(error).__name__, request.url.path, "".join(traceback.format_tb(error.__traceback__)))
             response = APIError(500, "internal server error").response()
         self.metrics.requests.inc(str(response.status_code))
         return response
@@ -97,20 +101,13 @@ class Ingress:
             "/metrics": ("GET", self.metrics_text),
             "/openapi.json": ("GET", self.openapi),
         }
+        self.auth.check(path, request.headers.get("authorization"))  # before the route is looked up
         if path not in routes:
             raise APIError(404, f"no route {path}", code="not_found")
         expected, handler = routes[path]
         if method != expected:
             raise APIError(405, f"{path} takes {expected}, not {method}", code="method_not_allowed")
-        if path.startswith("/v1/"):
-            self._authorize(request)
         return await handler(request)
-
-    def _authorize(self, request: Request) -> None:
-        if self.args.api_key is None:
-            return
-        if request.headers.get("authorization", "") != f"Bearer {self.args.api_key}":
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     async def _json_body(self, request: Request) -> dict:
         body = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
