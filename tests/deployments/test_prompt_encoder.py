@@ -23,6 +23,10 @@ class ThreadRecordingTokenizer(TextTokenizer):
         self.threads.append(threading.current_thread().name)
         return super().encode(text, add_special_tokens)
 
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().encode_chat(messages, add_generation_prompt)
+
 
 def _recording() -> ThreadRecordingTokenizer:
     tokenizer = ThreadRecordingTokenizer(TOKENIZER.tokenizer, TOKENIZER.eos_token_ids, TOKENIZER.bos_token_id, TOKENIZER.chat_template)
@@ -41,7 +45,7 @@ def test_prompts_and_chat_encode_off_the_loop():
     prompts, chat = asyncio.run(run())
     assert prompts == [TOKENIZER.encode("Hello world"), [5, 6], TOKENIZER.encode("Bye")]
     assert chat == TOKENIZER.encode_chat(messages, True)
-    assert tokenizer.threads and all(name.startswith("spout-encode") for name in tokenizer.threads)
+    assert len(tokenizer.threads) == 3 and all(name.startswith("spout-encode") for name in tokenizer.threads)
 
 
 def test_token_id_prompts_skip_the_pool():
