@@ -23,7 +23,7 @@ from deployments.errors import APIError, from_validation_error
 from deployments.event_stream import EventStream
 from deployments.generation import Generation, Submission
 from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
-from deployments.metrics import IngressMetrics
+from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openapi import openapi_document
 from deployments.prompt_encoder import PromptEncoder
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
@@ -187,16 +187,8 @@ class Ingress:
         return PlainTextResponse("ok")
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges: dict[str, float] = {}
-        engine_counters: dict[str, float] = {}
-        for index, engine in enumerate(self.engines):
-            stats = await engine.stats.remote()  # type: ignore[attr-defined]
-            gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
-            gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
-            for kind in ("generated", "draft", "accepted"):
-                engine_counters[f'spout_engine_{kind}_tokens_total{{engine="{index}"}}'] = stats[f"{kind}_tokens"]
+        engine_stats = [await engine.stats.remote() for engine in self.engines]  # type: ignore[attr-defined]
         generation = await self._ready()
-        gauges["spout_live_choices"] = len(generation.router.streams)  # engine requests this replica still routes
         total = self.detok.inline_batches + self.detok.pool_batches
-        gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
-        return PlainTextResponse(self.metrics.render(gauges, engine_counters), media_type="text/plain; version=0.0.4")
+        replica = ReplicaState(live_choices=len(generation.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)
+        return Response(self.metrics.render(engine_stats, replica), media_type=CONTENT_TYPE)
