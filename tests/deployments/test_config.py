@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
+from deployments.limits import RequestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,3 +49,10 @@ def test_cluster_yaml_sets_the_api_key_from_a_file_outside_the_repository():
     assert all("SPOUT_API_KEY=" in command for command in starts if "ray start" in command or "serve deploy" in command)
     key_file = next(remote for remote in cluster["file_mounts"] if remote.endswith("api_key"))
     assert not cluster["file_mounts"][key_file].startswith(".")
+
+
+def test_readme_lists_every_limit():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Limits and security") :]
+    for key in [*RequestLimits.model_fields, "max_body_bytes", "max_waiting_requests", "SPOUT_API_KEY"]:
+        assert f"`{key}`" in section, key
