@@ -21,7 +21,7 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.errors import APIError, from_validation_error
 from deployments.event_stream import EventStream
-from deployments.generation import Generation, Submission
+from deployments.generation import Generation
 from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openapi import openapi_document
@@ -31,6 +31,7 @@ from deployments.request_body import parse_json_object, read_body
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
+from sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,20 @@ class Ingress:
         self._check_model(body.model)
         return body
 
-    async def _respond(self, generation: Generation, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
+    async def _submit(
+        self,
+        generation: Generation,
+        fmt: ResponseFormat,
+        prompts: list[list[int]],
+        body: CompletionRequest | ChatCompletionRequest,
+        params: SamplingParams,
+        echo: bool,
+    ) -> Response:
+        """Submit the choices, then answer with their stream or their whole response."""
+        # Checked again with no await before `submit` registers the choices, so that requests
+        # whose prompts were encoded at the same time cannot together pass the limit.
+        check_in_flight(self.args, len(generation.router.streams), len(prompts) * params.n)
+        submission = await generation.submit(fmt, prompts, params, echo)
         if body.stream:
             return EventStream(generation.stream(submission, body.include_usage), lambda: generation.disconnect(submission))
         return JSONResponse(await generation.collect(submission))
@@ -151,7 +165,7 @@ class Ingress:
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        return await self._respond(generation, await generation.submit(fmt, prompts, params, echo=body.echo), body)
+        return await self._submit(generation, fmt, prompts, body, params, echo=body.echo)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
@@ -167,7 +181,7 @@ class Ingress:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        return await self._respond(generation, await generation.submit(fmt, [prompt], params, echo=False), body)
+        return await self._submit(generation, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:
         await self._ready()
