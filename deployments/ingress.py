@@ -11,7 +11,6 @@ import uuid
 from typing import TypeVar
 
 import ray
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -19,7 +18,7 @@ from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
-from deployments.errors import APIError, from_validation_error
+from deployments.errors import APIError
 from deployments.event_stream import EventStream
 from deployments.generation import Generation
 from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
@@ -27,7 +26,7 @@ from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openapi import openapi_document
 from deployments.prompt_encoder import PromptEncoder
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.request_body import parse_json_object, read_body
+from deployments.request_body import read_body, validate_body
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
@@ -110,10 +109,6 @@ class Ingress:
             raise APIError(405, f"{path} takes {expected}, not {method}", code="method_not_allowed")
         return await handler(request)
 
-    async def _json_body(self, request: Request) -> dict:
-        body = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
-        return parse_json_object(body, self.args.max_json_depth)
-
     def _check_model(self, model: str) -> None:
         if model != self.args.model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {self.args.model_name!r}", param="model", code="model_not_found")
@@ -125,10 +120,8 @@ class Ingress:
         check_context_length(len(prompt), self.max_model_len)
 
     async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
-        try:
-            body = model.model_validate(await self._json_body(request))
-        except ValidationError as error:
-            raise from_validation_error(error) from error
+        raw = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
+        body = await validate_body(raw, self.args.max_json_depth, model)
         self._check_model(body.model)
         return body
 

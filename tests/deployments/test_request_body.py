@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from typing import ClassVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel, field_validator
 
 from deployments.errors import APIError
-from deployments.request_body import json_depth, parse_json_object, read_body
+from deployments.request_body import INLINE_PARSE_BYTES, json_depth, parse_json_object, read_body, validate_body
 
 
 async def _chunks(parts: list[bytes], consumed: list[int]):
@@ -90,3 +93,37 @@ JSON = st.recursive(
 @given(JSON, st.booleans())
 def test_depth_matches_a_recursive_count(value, ascii_only):
     assert json_depth(json.dumps(value, ensure_ascii=ascii_only).encode()) == _depth(value)
+
+
+class Recorded(BaseModel):
+    """A body that notes the thread it is validated on."""
+
+    prompt: list[int]
+    threads: ClassVar[list[str]] = []
+
+    @field_validator("prompt")
+    @classmethod
+    def _note_thread(cls, value: list[int]) -> list[int]:
+        cls.threads.append(threading.current_thread().name)
+        return value
+
+
+def test_large_bodies_are_parsed_off_the_event_loop():
+    small = json.dumps({"prompt": [1, 2]}).encode()
+    large = json.dumps({"prompt": list(range(INLINE_PARSE_BYTES // 4))}).encode()
+    assert len(small) <= INLINE_PARSE_BYTES < len(large)
+
+    async def validate_both() -> str:
+        assert (await validate_body(small, 32, Recorded)).prompt == [1, 2]
+        assert len((await validate_body(large, 32, Recorded)).prompt) == INLINE_PARSE_BYTES // 4
+        return threading.current_thread().name
+
+    Recorded.threads.clear()
+    loop_thread = asyncio.run(validate_both())
+    assert Recorded.threads[0] == loop_thread and Recorded.threads[1] != loop_thread
+
+
+def test_an_invalid_body_names_the_field():
+    with pytest.raises(APIError) as refused:
+        asyncio.run(validate_body(b'{"prompt": "x"}', 32, Recorded))
+    assert (refused.value.status, refused.value.param) == (400, "prompt")
