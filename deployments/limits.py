@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.errors import APIError
-from sampling.params import MAX_N, SamplingParams
+from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"
 
@@ -38,7 +38,10 @@ class RequestLimits(BaseModel):
     max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
     max_echo_choices: int = Field(16, ge=1, description="Choices of a request with echo (each carries its prompt's text).")
     max_client_speculative_tokens: int = Field(
-        0, ge=0, description="The most num_speculative_tokens a client may ask for beyond the server's own; 0: clients cannot turn speculation on."
+        0,
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="The most num_speculative_tokens a client may ask for beyond the server's own; 0: clients cannot turn speculation on.",
     )
     max_json_depth: int = Field(32, ge=2, le=512, description="Nesting of arrays and objects in a request body.")
 
