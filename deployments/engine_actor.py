@@ -1,5 +1,11 @@
 """`EngineActor`: one per GPU, runs `EngineCore` in its own thread and hands each
-subscribed ingress replica one message per step with all of its requests' outputs."""
+subscribed ingress replica one message per step with all of its requests' outputs.
+
+Every reply carries the actor's incarnation, a random number drawn when it starts, so an
+ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
+after it, not only in a failed call. A subscriber that has not polled for
+``SUBSCRIBER_TIMEOUT_S`` is taken for dead: its requests are aborted and its mailbox dropped.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,10 @@ import asyncio
 import logging
 import os
 import queue
+import random
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -22,6 +31,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVER_FULL = "the server is full: too many requests are waiting"
+ABORTED = "the request was aborted before it was admitted"
+SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
+RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
 
 
 @dataclass(frozen=True)
@@ -31,12 +43,29 @@ class NewRequest:
     params: SamplingParams
 
 
+@dataclass(frozen=True)
+class Added:
+    """`EngineActor.add_requests`'s reply: an error message per refused request (None: queued)."""
+
+    incarnation: int
+    errors: list[str | None]
+
+
+@dataclass(frozen=True)
+class Polled:
+    """`EngineActor.get_outputs`'s reply."""
+
+    incarnation: int
+    outputs: list[EngineOutput]
+
+
 class _Subscriber:
     """Outputs waiting for one ingress replica; they coalesce until it asks."""
 
     def __init__(self) -> None:
         self.outputs: list[EngineOutput] = []
         self.ready = asyncio.Event()
+        self.last_seen = time.monotonic()
 
 
 class EngineActor:
@@ -47,10 +76,13 @@ class EngineActor:
     """
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int) -> None:
+        self.incarnation = random.getrandbits(62)
         self.engine = EngineCore(config)
         self.max_waiting_requests = max_waiting_requests
         self.owners: dict[str, str] = {}  # request id -> subscriber; engine thread only
+        self.recent_aborts: OrderedDict[str, None] = OrderedDict()  # engine thread only
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
+        self.reaper: asyncio.Task | None = None
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -63,40 +95,44 @@ class EngineActor:
 
     async def ready(self) -> int:
         """The engine's context length, once the model is loaded."""
-        self.loop = asyncio.get_running_loop()
+        self._bind_loop()
         return self.engine.max_model_len
 
-    async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> list[str | None]:
+    async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> Added:
         """Queue requests whose outputs go to ``subscriber``; an error message per refused request."""
-        self.loop = asyncio.get_running_loop()
-        self.subscribers.setdefault(subscriber, _Subscriber())
-        return await self._call(lambda: [self._add(subscriber, r) for r in requests])
+        self._subscriber(subscriber)
+        return Added(self.incarnation, await self._call(lambda: [self._add(subscriber, r) for r in requests]))
 
-    async def abort_requests(self, request_ids: list[str]) -> None:
-        await self._call(lambda: self.engine.abort_requests(request_ids))
+    async def abort_requests(self, request_ids: list[str]) -> int:
+        """Abort these requests (or, not added yet, refuse them when they are); the incarnation."""
+        await self._call(lambda: self._abort(request_ids))
+        return self.incarnation
 
-    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0) -> list[EngineOutput]:
+    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0) -> Polled:
         """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some."""
-        self.loop = asyncio.get_running_loop()
-        mailbox = self.subscribers.setdefault(subscriber, _Subscriber())
+        mailbox = self._subscriber(subscriber)
         try:
             await asyncio.wait_for(mailbox.ready.wait(), timeout_s)
         except TimeoutError:
-            return []
+            return Polled(self.incarnation, [])
+        finally:
+            mailbox.last_seen = time.monotonic()
         mailbox.ready.clear()
         outputs, mailbox.outputs = mailbox.outputs, []
-        return outputs
+        return Polled(self.incarnation, outputs)
 
     async def stats(self) -> dict[str, int]:
         engine = self.engine
         return await self._call(
             lambda: {
+                "incarnation": self.incarnation,
                 "running": engine.num_running,
                 "waiting": engine.num_waiting,
                 "generated_tokens": engine.num_generated_tokens,
                 "draft_tokens": engine.num_draft_tokens,
                 "accepted_tokens": engine.num_accepted_tokens,
                 "steps": self.num_steps,
+                "subscribers": len(self.subscribers),
             }
         )
 
@@ -108,7 +144,35 @@ class EngineActor:
         """Stop the engine thread after its current step (for in-process use; Ray ends the process)."""
         self.stopping = True
         self.wakeup.set()
+        if self.reaper is not None:
+            self.reaper.cancel()
         await asyncio.to_thread(self.thread.join)
+
+    # --- subscribers (event loop) -------------------------------------------------------
+
+    def _bind_loop(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+            self.reaper = self.loop.create_task(self._reap_dead_subscribers())
+
+    def _subscriber(self, subscriber: str) -> _Subscriber:
+        self._bind_loop()
+        mailbox = self.subscribers.get(subscriber)
+        if mailbox is None:
+            mailbox = self.subscribers[subscriber] = _Subscriber()
+        mailbox.last_seen = time.monotonic()
+        return mailbox
+
+    async def _reap_dead_subscribers(self) -> None:
+        """Abort the requests of subscribers silent for `SUBSCRIBER_TIMEOUT_S` (their ingress
+        replica died) and drop their mailboxes."""
+        while True:
+            await asyncio.sleep(SUBSCRIBER_TIMEOUT_S / 4)
+            now = time.monotonic()
+            for subscriber in [s for s, m in self.subscribers.items() if now - m.last_seen > SUBSCRIBER_TIMEOUT_S]:
+                logger.warning("subscriber %s has not polled for %.0f s: aborting its requests", subscriber, now - self.subscribers[subscriber].last_seen)
+                del self.subscribers[subscriber]
+                await self._call(lambda s=subscriber: self._abort([r for r, owner in self.owners.items() if owner == s]))
 
     # --- engine thread ----------------------------------------------------------------
 
@@ -119,6 +183,9 @@ class EngineActor:
         return await asyncio.wrap_future(future)
 
     def _add(self, subscriber: str, request: NewRequest) -> str | None:
+        if request.request_id in self.recent_aborts:
+            del self.recent_aborts[request.request_id]
+            return ABORTED
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
@@ -127,6 +194,15 @@ class EngineActor:
             return str(error)
         self.owners[request.request_id] = subscriber
         return None
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Abort running or queued requests; remember the others, whose add may still be on its way."""
+        for request_id in request_ids:
+            if request_id not in self.engine.requests:
+                self.recent_aborts[request_id] = None
+                if len(self.recent_aborts) > RECENT_ABORTS:
+                    self.recent_aborts.popitem(last=False)
+        self.engine.abort_requests(request_ids)
 
     def _run(self) -> None:
         try:
@@ -168,6 +244,8 @@ class EngineActor:
 
     def _deliver(self, grouped: dict[str, list[EngineOutput]]) -> None:
         for subscriber, outputs in grouped.items():
-            mailbox = self.subscribers.setdefault(subscriber, _Subscriber())
+            mailbox = self.subscribers.get(subscriber)
+            if mailbox is None:
+                continue  # reaped: its ingress replica is gone
             mailbox.outputs.extend(outputs)
             mailbox.ready.set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from deployments.detok_pool import DetokClient
+from deployments.engine_actor import Polled
 from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
@@ -42,12 +43,12 @@ class ScriptedEngine:
         self.messages = iter(messages)
         self.drained = asyncio.Event()
 
-    async def remote(self, *args: object) -> list[EngineOutput]:
+    async def remote(self, *args: object) -> Polled:
         message = next(self.messages, None)
         if message is None:
             self.drained.set()
             await asyncio.Event().wait()
-        return message
+        return Polled(1, message)
 
 
 def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
@@ -60,7 +61,7 @@ def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[s
         prompt = TOKENIZER.encode("Hello")
         stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params))
         engine = ScriptedEngine(messages)
-        router = OutputRouter([engine], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
+        router = OutputRouter([engine], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid))
         router.register(stream)  # before the router's first poll runs
         await asyncio.wait_for(engine.drained.wait(), 30)
         deltas = mailbox.pending[0]
