@@ -5,6 +5,10 @@ Every reply carries the actor's incarnation, a random number drawn when it start
 ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
 after it, not only in a failed call. A subscriber that has not polled for
 ``SUBSCRIBER_TIMEOUT_S`` is taken for dead: its requests are aborted and its mailbox dropped.
+
+A subscriber's aborts come with its next poll, and the engine runs at most `LEAD_STEPS` steps
+ahead of the outputs its subscribers have routed (`StepCredits`), so a request whose stop
+string or client's leaving shows in step k's outputs gets at most ``LEAD_STEPS - 1`` more steps.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.request import EngineOutput
@@ -34,6 +39,8 @@ SERVER_FULL = "the server is full: too many requests are waiting"
 ABORTED = "the request was aborted before it was admitted"
 SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
 RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
+LEAD_STEPS = 3  # step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste
+CREDIT_WAIT_S = 0.1  # a subscriber that takes longer is not waited for until its next poll
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,8 @@ class _Subscriber:
         self.outputs: list[EngineOutput] = []
         self.ready = asyncio.Event()
         self.last_seen = time.monotonic()
+        self.delivered_step = -1  # the last engine step whose outputs are in `outputs`
+        self.taken_step = -1  # the last step the subscriber took (its next poll acknowledges it)
 
 
 class EngineActor:
@@ -88,6 +97,8 @@ class EngineActor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
         self.num_steps = 0  # engine steps run; engine thread only
+        self.credits = StepCredits(LEAD_STEPS, CREDIT_WAIT_S)
+        self.num_late_subscribers = 0  # times a subscriber was not waited for; engine thread only
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
 
@@ -108,9 +119,16 @@ class EngineActor:
         await self._call(lambda: self._abort(request_ids))
         return self.incarnation
 
-    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0) -> Polled:
-        """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some."""
+    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0, aborts: list[str] | None = None) -> Polled:
+        """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some.
+
+        The call also aborts ``aborts`` (the subscriber found them while routing the outputs of its
+        previous call) and so acknowledges that call's outputs: the engine may step on.
+        """
         mailbox = self._subscriber(subscriber)
+        if aborts:
+            self._enqueue(lambda: self._abort(aborts))  # before the acknowledgement lets the engine step
+        self.credits.acknowledged(subscriber, mailbox.taken_step)
         try:
             await asyncio.wait_for(mailbox.ready.wait(), timeout_s)
         except TimeoutError:
@@ -119,6 +137,7 @@ class EngineActor:
             mailbox.last_seen = time.monotonic()
         mailbox.ready.clear()
         outputs, mailbox.outputs = mailbox.outputs, []
+        mailbox.taken_step = mailbox.delivered_step
         return Polled(self.incarnation, outputs)
 
     async def stats(self) -> dict[str, int]:
@@ -133,6 +152,7 @@ class EngineActor:
                 "accepted_tokens": engine.num_accepted_tokens,
                 "steps": self.num_steps,
                 "subscribers": len(self.subscribers),
+                "late_subscribers": self.num_late_subscribers,
             }
         )
 
@@ -172,15 +192,20 @@ class EngineActor:
             for subscriber in [s for s, m in self.subscribers.items() if now - m.last_seen > SUBSCRIBER_TIMEOUT_S]:
                 logger.warning("subscriber %s has not polled for %.0f s: aborting its requests", subscriber, now - self.subscribers[subscriber].last_seen)
                 del self.subscribers[subscriber]
+                self.credits.forget(subscriber)
                 await self._call(lambda s=subscriber: self._abort([r for r, owner in self.owners.items() if owner == s]))
 
     # --- engine thread ----------------------------------------------------------------
 
     async def _call(self, command: Callable[[], T]) -> T:
+        return await asyncio.wrap_future(self._enqueue(command))
+
+    def _enqueue(self, command: Callable[[], T]) -> Future:
+        """Run ``command`` on the engine thread before its next step."""
         future: Future = Future()
         self.commands.put((command, future))
         self.wakeup.set()
-        return await asyncio.wrap_future(future)
+        return future
 
     def _add(self, subscriber: str, request: NewRequest) -> str | None:
         if request.request_id in self.recent_aborts:
@@ -211,8 +236,9 @@ class EngineActor:
                 self.wakeup.clear()
                 self._apply_commands()
                 while self.engine.has_unfinished_requests() and not self.stopping:
-                    self._publish(self.engine.step())
+                    self._publish(self.num_steps, self.engine.step())
                     self.num_steps += 1
+                    self.num_late_subscribers += len(self.credits.wait_to_start(self.num_steps))
                     self._apply_commands()
         except BaseException:
             # A failed step leaves the engine in an unknown state: end the process so
@@ -233,19 +259,21 @@ class EngineActor:
             except Exception as error:  # the caller gets it; the loop goes on
                 future.set_exception(error)
 
-    def _publish(self, outputs: list[EngineOutput]) -> None:
+    def _publish(self, step: int, outputs: list[EngineOutput]) -> None:
         grouped: dict[str, list[EngineOutput]] = {}
         for output in outputs:
             owner = self.owners.pop(output.request_id) if output.finish_reason else self.owners.get(output.request_id)
             if owner is not None:
                 grouped.setdefault(owner, []).append(output)
         if grouped and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._deliver, grouped)
+            self.credits.published([s for s in grouped if s in self.subscribers], step)
+            self.loop.call_soon_threadsafe(self._deliver, step, grouped)
 
-    def _deliver(self, grouped: dict[str, list[EngineOutput]]) -> None:
+    def _deliver(self, step: int, grouped: dict[str, list[EngineOutput]]) -> None:
         for subscriber, outputs in grouped.items():
             mailbox = self.subscribers.get(subscriber)
             if mailbox is None:
                 continue  # reaped: its ingress replica is gone
             mailbox.outputs.extend(outputs)
+            mailbox.delivered_step = step
             mailbox.ready.set()

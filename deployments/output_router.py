@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 from deployments.detok_pool import DetokClient
@@ -33,8 +32,9 @@ class OutputRouter:
     """Long-polls each engine for this replica's outputs (one message per step, coalesced
     when the ingress is slower), detokenizes them in one batch, and fills mailboxes.
 
-    A stop string found by the detokenizer finishes the choice here and aborts it in
-    its engine in the same tick; outputs for finished choices are dropped.
+    A stop string found by the detokenizer finishes the choice here; its abort, like every
+    other, goes to the engine with the next poll (which the engine waits for: see
+    `deployments.step_credits`). Outputs for finished choices are dropped.
     """
 
     def __init__(
@@ -43,13 +43,12 @@ class OutputRouter:
         subscriber: str,
         detok: DetokClient,
         metrics: IngressMetrics,
-        abort: Callable[[int, str], None],
     ) -> None:
         self.engines = engines
         self.subscriber = subscriber
         self.detok = detok
         self.metrics = metrics
-        self.abort = abort
+        self.pending_aborts: list[list[str]] = [[] for _ in engines]
         self.streams: dict[str, ChoiceStream] = {}
         self.live_per_engine = [0] * len(engines)
         """Registered streams per engine: the load `Generation` balances, kept as they come and go."""
@@ -68,6 +67,10 @@ class OutputRouter:
     def unregister(self, stream: ChoiceStream) -> None:
         if self.streams.pop(stream.request_id, None) is not None:
             self.live_per_engine[stream.engine_index] -= 1
+
+    def abort(self, engine_index: int, request_id: str) -> None:
+        """Abort a request with the next poll of its engine."""
+        self.pending_aborts[engine_index].append(request_id)
 
     def saw_incarnation(self, engine_index: int, incarnation: int) -> None:
         """An engine answered: it is up; if it restarted, fail the streams its last life held."""
@@ -95,8 +98,10 @@ class OutputRouter:
     async def _loop(self, engine_index: int) -> None:
         engine = self.engines[engine_index]
         while True:
+            aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
-                polled = await asyncio.wait_for(engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+                poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)  # type: ignore[attr-defined]
+                polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
             except Exception as error:  # the actor died (Ray restarts it) or hangs
                 logger.error("engine %d failed: %r", engine_index, error)
                 self._engine_down(engine_index)

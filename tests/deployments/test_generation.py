@@ -38,7 +38,6 @@ class SlowEngine:
         self.added: list[str] = []
         self.aborted: list[str] = []
         self.add_requests = _Remote(self._add)
-        self.abort_requests = _Remote(self._abort)
         self.get_outputs = _Remote(self._outputs)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
@@ -48,11 +47,8 @@ class SlowEngine:
         self.added += [r.request_id for r in requests]
         return Added(self.incarnation, [None] * len(requests))
 
-    async def _abort(self, request_ids: list[str]) -> int:
-        self.aborted += request_ids
-        return self.incarnation
-
-    async def _outputs(self, subscriber: str, timeout_s: float) -> Polled:
+    async def _outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
+        self.aborted += aborts
         await asyncio.sleep(timeout_s)
         if self.dead:
             raise ActorDiedError()
@@ -77,10 +73,11 @@ def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
         await asyncio.sleep(0.01)  # the add is in flight
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0.1)  # the add lands, then the aborts go out
+        while len(engine.aborted) < 2:  # the aborts go out with the next poll
+            await asyncio.sleep(0.05)
         return engine, len(generation.router.streams)
 
-    engine, live = asyncio.run(run())
+    engine, live = asyncio.run(asyncio.wait_for(run(), 30))
     assert live == 0
     assert engine.added == ["cmpl-x-0", "cmpl-x-1"]
     assert sorted(engine.aborted) == engine.added
