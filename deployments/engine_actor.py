@@ -40,7 +40,7 @@ ABORTED = "the request was aborted before it was admitted"
 SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
 RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
 LEAD_STEPS = 3  # step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste
-CREDIT_WAIT_S = 0.1  # a subscriber that takes longer is not waited for until its next poll
+CREDIT_WAIT_S = 0.5  # a subscriber that takes longer is not waited for until its next poll
 
 
 @dataclass(frozen=True)
