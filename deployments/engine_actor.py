@@ -39,7 +39,9 @@ SERVER_FULL = "the server is full: too many requests are waiting"
 ABORTED = "the request was aborted before it was admitted"
 SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
 RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
-LEAD_STEPS = 3  # step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste
+# Step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste (one more
+# where `EngineCore.step` returns the previous step's outputs, i.e. async scheduling on CUDA).
+LEAD_STEPS = 3
 CREDIT_WAIT_S = 0.5  # a subscriber that takes longer is not waited for until its next poll
 
 
