@@ -74,7 +74,7 @@ class _Subscriber:
     def __init__(self) -> None:
         self.outputs: list[EngineOutput] = []
         self.ready = asyncio.Event()
-        self.last_seen = time.monotonic()
+        self.last_seen = time.monotonic()  # its last poll (adding requests does not count)
         self.delivered_step = -1  # the last engine step whose outputs are in `outputs`
         self.taken_step = -1  # the last step the subscriber took (its next poll acknowledges it)
 
@@ -128,6 +128,7 @@ class EngineActor:
         previous call) and so acknowledges that call's outputs: the engine may step on.
         """
         mailbox = self._subscriber(subscriber)
+        mailbox.last_seen = time.monotonic()
         if aborts:
             self._enqueue(lambda: self._abort(aborts))  # before the acknowledgement lets the engine step
         self.credits.acknowledged(subscriber, mailbox.taken_step)
@@ -182,7 +183,6 @@ class EngineActor:
         mailbox = self.subscribers.get(subscriber)
         if mailbox is None:
             mailbox = self.subscribers[subscriber] = _Subscriber()
-        mailbox.last_seen = time.monotonic()
         return mailbox
 
     async def _reap_dead_subscribers(self) -> None:
