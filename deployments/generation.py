@@ -54,6 +54,7 @@ class Generation:
         self.metrics = metrics
         self.router = OutputRouter(engines, subscriber, detok, metrics)
         self.adders = [TickBatcher(self._adder(i)) for i in range(len(engines))]
+        self.aborters = [TickBatcher(self._aborter(i)) for i in range(len(engines))]
 
     def _adder(self, engine_index: int):
         engine = self.engines[engine_index]
@@ -65,6 +66,23 @@ class Generation:
             return [(reply.incarnation, error) for error in reply.errors]
 
         return add
+
+    def _aborter(self, engine_index: int):
+        engine = self.engines[engine_index]
+
+        async def abort(request_ids: list[str]) -> list[None]:
+            incarnation = await asyncio.wait_for(engine.abort_requests.remote(request_ids), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            self.router.saw_incarnation(engine_index, incarnation)
+            return [None] * len(request_ids)
+
+        return abort
+
+    def _abort(self, stream: ChoiceStream) -> None:
+        """Abort a choice the client no longer waits for: at once in its own call, batched per tick
+        (the engine learns of it a poll cycle sooner), and with the next poll (which the engine
+        waits for, so it lands within the step bound of `deployments.step_credits` whatever the load)."""
+        self.aborters[stream.engine_index].submit(stream.request_id)
+        self.router.abort(stream.engine_index, stream.request_id)
 
     def _pick_engine(self) -> int:
         """The engine with the fewest live choices among those up (a 503 when none is)."""
@@ -116,7 +134,7 @@ class Generation:
         (aborting a request the engine does not hold is a no-op)."""
         for stream in streams:
             self.router.unregister(stream)
-            self.router.abort(stream.engine_index, stream.request_id)
+            self._abort(stream)
 
     def release(self, submission: Submission, cause: str) -> None:
         """Unregister the submission's choices; abort those the engine still runs."""
@@ -125,7 +143,7 @@ class Generation:
             if not stream.finished:
                 stream.finished = True
                 self.metrics.aborts.inc(cause)
-                self.router.abort(stream.engine_index, stream.request_id)
+                self._abort(stream)
 
     def disconnect(self, submission: Submission) -> None:
         """The client left: abort the choices the engine still runs, and end the stream's wait."""

@@ -38,6 +38,7 @@ class SlowEngine:
         self.added: list[str] = []
         self.aborted: list[str] = []
         self.add_requests = _Remote(self._add)
+        self.abort_requests = _Remote(self._abort)
         self.get_outputs = _Remote(self._outputs)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
@@ -46,6 +47,10 @@ class SlowEngine:
             raise ActorDiedError()
         self.added += [r.request_id for r in requests]
         return Added(self.incarnation, [None] * len(requests))
+
+    async def _abort(self, request_ids: list[str]) -> int:
+        self.aborted += request_ids
+        return self.incarnation
 
     async def _outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
         self.aborted += aborts
@@ -73,14 +78,14 @@ def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
         await asyncio.sleep(0.01)  # the add is in flight
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        while len(engine.aborted) < 2:  # the aborts go out with the next poll
+        while len(engine.aborted) < 4:  # the aborts go out at once, and again with the next poll
             await asyncio.sleep(0.05)
         return engine, len(generation.router.streams)
 
     engine, live = asyncio.run(asyncio.wait_for(run(), 30))
     assert live == 0
     assert engine.added == ["cmpl-x-0", "cmpl-x-1"]
-    assert sorted(engine.aborted) == engine.added
+    assert sorted(engine.aborted) == sorted(engine.added * 2)
 
 
 def test_a_submit_to_a_restarting_engine_is_a_503():
