@@ -32,9 +32,9 @@ class OutputRouter:
     """Long-polls each engine for this replica's outputs (one message per step, coalesced
     when the ingress is slower), detokenizes them in one batch, and fills mailboxes.
 
-    A stop string found by the detokenizer finishes the choice here; its abort, like every
-    other, goes to the engine with the next poll (which the engine waits for: see
-    `deployments.step_credits`). Outputs for finished choices are dropped.
+    A stop string found by the detokenizer finishes the choice here; its abort goes to the
+    engine with the next poll (which the engine waits for: see `deployments.step_credits`),
+    as every abort does. Outputs for finished choices are dropped.
     """
 
     def __init__(
