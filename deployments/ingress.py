@@ -11,6 +11,7 @@ import uuid
 from typing import TypeVar
 
 import ray
+from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -35,21 +36,42 @@ from sampling.params import SamplingParams
 logger = logging.getLogger(__name__)
 
 ENGINE_NAMESPACE = "spout"
+ENGINE_START_TIMEOUT_S = 600.0  # loading the model
+HEALTH_TIMEOUT_S = 10.0
 RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
 
 
-def engine_handles(args: ServeArgs) -> list[object]:
-    """The engine actors, one per GPU (or one on CPU), created by the first replica that asks."""
+def engine_name(app_name: str, model_name: str, index: int) -> str:
+    """Engine actor ``index`` of a Serve application (in `ENGINE_NAMESPACE`)."""
+    return f"{_engine_prefix(app_name)}{model_name}/{index}"
+
+
+def _engine_prefix(app_name: str) -> str:
+    return f"spout-engine/{app_name}/"
+
+
+def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
+    """The application's engine actors, one per GPU (or one on CPU): created by the first replica
+    that asks, then found by name. They are detached, so they belong to the application, not to
+    that replica: they outlive every ingress replica, and Ray restarts them when they die.
+    `kill_engines` removes them (Ray's shutdown does too)."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     count = args.num_engines or max(gpus, 1)
     resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
     actor = ray.remote(max_restarts=-1, max_concurrency=10_000)(EngineActor)
     return [
-        actor.options(name=f"spout-engine-{args.model_name}-{i}", namespace=ENGINE_NAMESPACE, get_if_exists=True, **resources).remote(
+        actor.options(name=engine_name(app_name, args.model_name, i), namespace=ENGINE_NAMESPACE, lifetime="detached", get_if_exists=True, **resources).remote(
             args.engine_config(), args.max_waiting_requests
         )
         for i in range(count)
     ]
+
+
+def kill_engines(app_name: str) -> None:
+    """End a deleted application's engine actors (Serve does not know them)."""
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == ENGINE_NAMESPACE and actor["name"].startswith(_engine_prefix(app_name)):
+            ray.kill(ray.get_actor(actor["name"], namespace=ENGINE_NAMESPACE), no_restart=True)
 
 
 class Ingress:
@@ -59,7 +81,7 @@ class Ingress:
         self.args = ServeArgs.from_options(args, os.environ)
         self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
-        self.engines = engine_handles(self.args)
+        self.engines = engine_handles(self.args, serve.get_replica_context().app_name)
         self.metrics = IngressMetrics()
         self.encoder = PromptEncoder(self.tokenizer)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
@@ -76,7 +98,7 @@ class Ingress:
         return await asyncio.shield(self.generation)
 
     async def _start(self) -> Generation:
-        lengths = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
+        lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
         return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics, self.args.stream_interval)
 
@@ -186,15 +208,15 @@ class Ingress:
 
     async def health(self, request: Request) -> Response:
         try:
-            await self._ready()
+            await asyncio.wait_for(self._ready(), HEALTH_TIMEOUT_S)
             for engine in self.engines:
-                await engine.stats.remote()  # type: ignore[attr-defined]
+                await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)  # type: ignore[attr-defined]
         except Exception as error:
             raise APIError(503, f"unhealthy: {error}", code="unhealthy") from error
         return PlainTextResponse("ok")
 
     async def metrics_text(self, request: Request) -> Response:
-        engine_stats = [await engine.stats.remote() for engine in self.engines]  # type: ignore[attr-defined]
+        engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         generation = await self._ready()
         total = self.detok.inline_batches + self.detok.pool_batches
         replica = ReplicaState(live_choices=len(generation.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)

@@ -23,7 +23,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
 
     async def check(actor: EngineActor) -> None:
         requests = [NewRequest(f"r{i}", [100 + i, 200], PARAMS) for i in range(3)]
-        errors = await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])
+        errors = (await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])).errors
         assert "empty" in errors[0]
         assert errors[1:] == [None, None, SERVER_FULL]
         tokens: dict[str, list[int]] = {}
@@ -31,7 +31,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
         messages = 0
         while len(finished) < 2:
             await asyncio.sleep(0.05)  # let several steps' outputs pile up
-            outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+            outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
             messages += 1
             for output in outputs:
                 tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
@@ -40,7 +40,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
             assert messages < 200
         assert {k: len(v) for k, v in tokens.items()} == {"r0": 6, "r1": 6}
         assert messages < 12  # 12 steps of outputs arrived in fewer messages
-        assert await actor.get_outputs("ingress-b", timeout_s=0.05) == []
+        assert (await actor.get_outputs("ingress-b", timeout_s=0.05)).outputs == []
 
     asyncio.run(run())
 
@@ -63,10 +63,10 @@ def test_callers_cancelled_before_their_command_ran_do_not_stop_the_engine():
             await asyncio.gather(*calls, return_exceptions=True)
             gate.set()
             await blocker
-            assert await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)]) == [None]
+            assert (await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)])).errors == [None]
             tokens = 0
             for _ in range(100):
-                outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+                outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
                 tokens += sum(len(o.new_token_ids) for o in outputs)
                 if any(o.finish_reason is not None for o in outputs):
                     break

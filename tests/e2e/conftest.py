@@ -13,7 +13,7 @@ import ray
 
 from bench.serve_cluster import ServeCluster
 from deployments import build_app
-from deployments.ingress import ENGINE_NAMESPACE
+from deployments.ingress import ENGINE_NAMESPACE, engine_name
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
@@ -27,7 +27,7 @@ class Server:
     api_key: str
 
     def engine(self, index: int = 0):
-        return ray.get_actor(f"spout-engine-{self.model}-{index}", namespace=ENGINE_NAMESPACE)
+        return ray.get_actor(engine_name("spout", self.model, index), namespace=ENGINE_NAMESPACE)
 
     def http(self, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"}
