@@ -29,7 +29,6 @@ FLOAT_COLUMNS = (
     "repetition_penalty", "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability",
 )  # fmt: skip
 INT_COLUMNS = ("top_k", "seed_key", "min_tokens", "dry_allowed_length", "dry_penalty_last_n", "is_greedy", "has_seed")
-MAX_DRY_BREAKER_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class SamplingBatch:
         self.allowed: torch.Tensor | None = None
         self.history: torch.Tensor | None = None
         self.history_len: torch.Tensor | None = None
-        self.dry_breakers: torch.Tensor | None = None
+        self.dry_breaker_mask: torch.Tensor | None = None
 
     # ---- host-side summaries -------------------------------------------------------------------
 
@@ -227,7 +226,8 @@ class SamplingBatch:
             if "history" in features and self.history is None:
                 self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
                 self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
-                self.dry_breakers = torch.full((R, MAX_DRY_BREAKER_TOKENS), -1, dtype=torch.int64, device=dev)
+            if "dry" in features and self.dry_breaker_mask is None:
+                self.dry_breaker_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
 
     def _write_dense_state(
         self,
@@ -248,12 +248,14 @@ class SamplingBatch:
             self.allowed[row] = params.allowed_token_ids is None
             if params.allowed_token_ids is not None:
                 self.allowed[row, torch.tensor(params.allowed_token_ids, device=self.device)] = True
-        if self.history is not None and self.history_len is not None and self.dry_breakers is not None:
+        if self.history is not None and self.history_len is not None:
             n = min(len(prompt), self.max_model_len)
             self.history[row] = -1
             self.history[row, :n] = prompt_ids[:n]
             self.history_len[row] = n
-            self.dry_breakers[row] = torch.tensor(_breaker_tokens(params, encode), dtype=torch.int64)
+        if self.dry_breaker_mask is not None:
+            self.dry_breaker_mask[row] = False
+            self.dry_breaker_mask[row, torch.tensor(_breaker_tokens(params, encode), dtype=torch.int64, device=self.device)] = True
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -297,10 +299,7 @@ class SamplingBatch:
 
 
 def _breaker_tokens(params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[int]:
-    """DRY sequence breakers as a -1 padded list of token ids (every token of every breaker string)."""
-    tokens: list[int] = []
+    """DRY sequence breakers as token ids (every token of every breaker string)."""
     if params.dry_multiplier > 0.0 and encode is not None:
-        tokens = sorted({t for s in params.dry_sequence_breakers for t in encode(s)})
-    if len(tokens) > MAX_DRY_BREAKER_TOKENS:
-        raise ValueError(f"dry_sequence_breakers: at most {MAX_DRY_BREAKER_TOKENS} tokens, got {len(tokens)}")
-    return tokens + [-1] * (MAX_DRY_BREAKER_TOKENS - len(tokens))
+        return sorted({t for s in params.dry_sequence_breakers for t in encode(s)})
+    return []

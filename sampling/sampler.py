@@ -216,8 +216,8 @@ def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
     batch = view.batch
     if batch.uses["allowed"] > 0 and batch.allowed is not None:
         apply_allowed(logits, view.allowed())
-    table = batch.entries.table() if batch.uses["token_entries"] > 0 else None
-    if table is not None:
+    tables = batch.entries.tables() if batch.uses["token_entries"] > 0 else []
+    for table in tables:
         last_outputs = view.last_outputs(table.prefix.shape[1]) if table.has_prefix else None
         apply_token_entries(logits, table, view.rows_of_slots(table.slot), view.params.output_pos, last_outputs)
     if batch.uses["may_mask_all"] > 0:
@@ -242,7 +242,7 @@ def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
             logits,
             view.history(),
             view.history_len(),
-            view.dry_breakers(),
+            view.dry_breaker_mask(),
             p.dry_multiplier,
             p.dry_base,
             p.dry_allowed_length,

@@ -7,8 +7,8 @@ equal the entry's prefix (multi-token bad words: the last token of a bad word is
 banned when the tokens before it were just generated, vLLM semantics; each bad word
 is encoded both as given and with a leading space).
 
-The host keeps entries per row; the flat device table is rebuilt on the next step
-after a join or leave that changed it.
+The host keeps entries per row; the flat device tables (one per prefix length) are
+rebuilt on the next step after a join or leave that changed them.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _bad_word_entries(words: list[str], encode: Callable[[str], list[int]]) -> l
 
 @dataclass(frozen=True)
 class EntryTable:
-    """Flat device table, E entries: slot/token/min_tokens [E] int64, value [E] f32, prefix [E, P] int64 (-1 pad, right aligned)."""
+    """Flat device table of E entries whose prefixes all have length P: slot/token/min_tokens [E] int64,
+    value [E] f32, prefix [E, P] int64."""
 
     slot: torch.Tensor
     token: torch.Tensor
@@ -73,12 +74,16 @@ class EntryTable:
 
 
 class TokenEntries:
-    """Host lists of entries per row and their lazily rebuilt device table."""
+    """Host lists of entries per row and their lazily rebuilt device tables.
+
+    One table per prefix length, so an entry costs its own prefix's length, never the
+    longest prefix of another request.
+    """
 
     def __init__(self, max_num_rows: int, device: torch.device) -> None:
         self.device = device
         self._rows: list[list[Entry]] = [[] for _ in range(max_num_rows)]
-        self._table: EntryTable | None = None
+        self._tables: list[EntryTable] = []
         self._dirty = False
 
     def set_row(self, row: int, entries: list[Entry]) -> None:
@@ -86,20 +91,18 @@ class TokenEntries:
             self._dirty = True
         self._rows[row] = entries
 
-    def table(self) -> EntryTable | None:
-        """The device table (None when no row has entries)."""
+    def tables(self) -> list[EntryTable]:
+        """The device tables, by increasing prefix length (empty when no row has entries)."""
         if self._dirty:
-            self._table = self._build()
+            by_width: dict[int, list[tuple[int, Entry]]] = {}
+            for row, entries in enumerate(self._rows):
+                for e in entries:
+                    by_width.setdefault(len(e.prefix), []).append((row, e))
+            self._tables = [self._build(by_width[width], width) for width in sorted(by_width)]
             self._dirty = False
-        return self._table
+        return self._tables
 
-    def _build(self) -> EntryTable | None:
-        flat = [(row, e) for row, entries in enumerate(self._rows) for e in entries]
-        if not flat:
-            return None
-        width = max(len(e.prefix) for _, e in flat)
-        prefix = [[-1] * (width - len(e.prefix)) + list(e.prefix) for _, e in flat]
-
+    def _build(self, flat: list[tuple[int, Entry]], width: int) -> EntryTable:
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
@@ -108,7 +111,7 @@ class TokenEntries:
             token=tensor([e.token for _, e in flat], torch.int64),
             value=tensor([e.value for _, e in flat], torch.float32),
             min_tokens=tensor([e.min_tokens for _, e in flat], torch.int64),
-            prefix=tensor(prefix, torch.int64).view(len(flat), width),
+            prefix=tensor([list(e.prefix) for _, e in flat], torch.int64).view(len(flat), width),
             has_min_tokens=any(e.min_tokens > 0 for _, e in flat),
             has_prefix=width > 0,
         )

@@ -99,10 +99,10 @@ class RowView:
         assert self.batch.history is not None
         return self._unclamped_history_len().clamp(max=self.batch.history.shape[1])
 
-    def dry_breakers(self) -> torch.Tensor:
-        """[N, B] int64 DRY sequence-breaker tokens, -1 padded."""
-        assert self.batch.dry_breakers is not None
-        return self.batch.dry_breakers[self.slots]
+    def dry_breaker_mask(self) -> torch.Tensor:
+        """[N, V] bool: the row's DRY sequence-breaker tokens."""
+        assert self.batch.dry_breaker_mask is not None
+        return self.batch.dry_breaker_mask[self.slots]
 
     def last_outputs(self, width: int) -> torch.Tensor:
         """[N, width] int64: the row's last ``width`` output tokens (drafts included), oldest first;

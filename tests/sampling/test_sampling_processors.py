@@ -71,6 +71,18 @@ def test_bad_words_single_and_multi_token() -> None:
     assert run_steps(batch, 1, logits)[0, 0] != encode("q")[0]
 
 
+def test_entry_tables_cost_each_entry_its_own_prefix() -> None:
+    """A long bad word in one row does not widen another row's logit_bias entries (one table per prefix length)."""
+    long_word = "abcdefgh"
+    params = [SamplingParams(logit_bias={t: 1.0 for t in range(40)}), SamplingParams(bad_words=[long_word, "xy"])]
+    tables = make_batch(params).entries.tables()
+    assert [tuple(t.prefix.shape) for t in tables] == [(40, 0), (1, 1), (1, 2), (1, 7), (1, 8)]  # each word as given and after a space
+    logits = torch.zeros(2, VOCAB)
+    logits[1, encode("x")[0]] = 10.0
+    logits[1, encode("y")[0]] = 9.0
+    assert run_steps(make_batch([SamplingParams(temperature=0.0, bad_words=["xy", long_word])] * 2), 2, logits)[:, 1].tolist() == [encode("x")[0]] * 2
+
+
 def test_penalty_counts_are_updated_incrementally() -> None:
     params = [SamplingParams(frequency_penalty=0.5, seed=i) for i in range(8)] + [SamplingParams(temperature=0.0)]
     batch = make_batch(params, prompt=[1, 2, 3])
@@ -143,12 +155,14 @@ def test_dry_matches_reference() -> None:
     hist = torch.full((len(cases), L), -1)
     for r, (h, *_rest) in enumerate(cases):
         hist[r, : len(h)] = torch.tensor(h)
-    breakers = torch.tensor([[*sorted(c[5]), -1, -1][:2] for c in cases])
+    breaker_mask = torch.zeros(len(cases), 8, dtype=torch.bool)
+    for r, case in enumerate(cases):
+        breaker_mask[r, sorted(case[5])] = True
     got = apply_dry(
         torch.zeros(len(cases), 8),
         hist,
         torch.tensor([len(c[0]) for c in cases]),
-        breakers,
+        breaker_mask,
         torch.tensor([c[1] for c in cases]),
         torch.tensor([c[2] for c in cases]),
         torch.tensor([c[3] for c in cases]),
