@@ -35,6 +35,11 @@ class Request:
     guidance: Guidance | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    stop_token_ids: frozenset[int] = field(init=False)
+    """``params.stop_token_ids`` as a set, built once: checked after every token."""
+
+    def __post_init__(self) -> None:
+        self.stop_token_ids = frozenset(self.params.stop_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -122,7 +127,7 @@ def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: 
     if num_output >= params.min_tokens:
         if not params.ignore_eos and last in eos_token_ids:
             return FinishReason.STOP, None
-        if last in params.stop_token_ids:
+        if last in request.stop_token_ids:
             return FinishReason.STOP, last
     if params.max_tokens is not None and num_output >= params.max_tokens:
         return FinishReason.LENGTH, None

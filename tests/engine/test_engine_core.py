@@ -9,7 +9,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason
+from engine.request import FinishReason, Request, check_stop
 from sampling.params import SamplingParams
 from tests.engine.conftest import output_ids, run_until_done
 
@@ -212,3 +212,13 @@ def test_async_scheduling_gives_the_same_outputs(tiny_checkpoint, eos_engine_and
     assert {k: v for k, v in overlapped.items() if k != "aborted"} == {k: v for k, v in sync.items() if k != "aborted"}
     assert overlapped["aborted"][1] == FinishReason.ABORT
     assert overlapped["aborted"][0] == sync["context"][0][: len(overlapped["aborted"][0])]
+
+
+def test_stop_token_ids_are_a_set_built_once():
+    """``check_stop`` runs per token: membership in a request's stop ids must not scan the list."""
+    params = SamplingParams(stop_token_ids=list(range(100_000, 0, -1)), max_tokens=None)
+    request = Request("r", PROMPT, params, output_token_ids=[7])
+    assert isinstance(request.stop_token_ids, frozenset) and len(request.stop_token_ids) == 100_000
+    assert check_stop(request, (2,), max_model_len=64) == (FinishReason.STOP, 7)
+    request.output_token_ids.append(100_001)
+    assert check_stop(request, (2,), max_model_len=64) is None
