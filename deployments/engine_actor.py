@@ -139,8 +139,10 @@ class EngineActor:
                     self.num_steps += 1
                     self._apply_commands()
         except BaseException:
-            # A failed step leaves the engine in an unknown state: end the process so
-            # Ray restarts the actor and ingresses fail its requests with an error frame.
+            # A request's own failure is an error output, never raised by step(): what is raised
+            # belongs to no single request (device, memory, the batched pass) and leaves the engine
+            # in an unknown state, so end the process; Ray restarts the actor and ingresses fail
+            # its requests with an error frame.
             logger.exception("engine step failed; restarting the engine actor")
             os._exit(1)
 

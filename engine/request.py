@@ -14,6 +14,8 @@ class FinishReason(str, Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"
+    """The request failed inside the engine (`EngineOutput.error` says why); the others went on."""
 
 
 @dataclass
@@ -99,6 +101,18 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: list[float]
 
 
+@dataclass(frozen=True)
+class RequestError:
+    """Why one request failed in the engine.
+
+    client_fault: the request's own data could not be run (an HTTP 400); otherwise the
+    engine failed on it (a 500).
+    """
+
+    message: str
+    client_fault: bool
+
+
 @dataclass
 class EngineOutput:
     """New tokens of one request from one step; ``finish_reason`` set on its last output.
@@ -117,6 +131,8 @@ class EngineOutput:
     """Tokens drafted for the request in the step(s) of this output."""
     num_accepted_tokens: int = 0
     """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
+    error: RequestError | None = None
+    """Set with ``finish_reason`` ERROR."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
