@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.request import EngineOutput
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,6 +30,8 @@ class NewRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    strings: TokenizedStrings | None = None
+    """The request's bad words, DRY breakers and negative prompt as ids (None: it has none)."""
 
 
 class _Subscriber:
@@ -122,7 +125,7 @@ class EngineActor:
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings)
         except InvalidRequestError as error:
             return str(error)
         self.owners[request.request_id] = subscriber

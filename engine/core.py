@@ -14,6 +14,7 @@ from engine.ngram_drafter import NgramIndex
 from engine.request import EngineOutput, FinishReason, Guidance, Request, RequestError, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings, has_strings
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +77,20 @@ class EngineCore:
             return len(self.requests[request_id].output_token_ids)
         return self.finished_generated_counts[request_id]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None) -> None:
         """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run.
 
+        strings: the request's bad words, DRY breakers and negative prompt as ids, from
+        `tokenize_strings` (the engine never tokenizes); None when it has none (`has_strings`).
         ``params.n`` is not looked at: the ingress adds one engine request per choice.
         """
-        self._validate(request_id, prompt_token_ids, params)
+        if strings is None:
+            if has_strings(params):
+                raise InvalidRequestError("bad_words, DRY and negative_prompt need the request's TokenizedStrings (tokenize_strings)")
+            strings = TokenizedStrings()
+        self._validate(request_id, prompt_token_ids, params, strings)
         try:
-            request = self._build(request_id, prompt_token_ids, params)
+            request = self._build(request_id, prompt_token_ids, params, strings)
         except (InvalidRequestError, *ENGINE_FAULTS):
             raise
         except Exception as error:
@@ -91,16 +98,16 @@ class EngineCore:
         self.requests[request_id] = request
         self.scheduler.add(request)
 
-    def _build(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
+    def _build(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> Request:
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params, strings=strings)
         if self._num_speculative_tokens(params) > 0:
             min_n = params.prompt_lookup_min or self.config.prompt_lookup_min
             request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
         if params.guidance_scale != 1.0:
-            request.guidance = self._guidance(request, params)
+            request.guidance = self._guidance(request)
         return request
 
-    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -112,9 +119,7 @@ class EngineCore:
             )
         if params.prompt_logprobs is not None:
             raise InvalidRequestError("prompt_logprobs is not supported yet")
-        if params.allowed_token_ids is not None and any(
-            len(self.tokenizer.encode(text, add_special_tokens=False)) > 1 for word in params.bad_words for text in (word, f" {word}")
-        ):
+        if params.allowed_token_ids is not None and any(len(sequence) > 1 for sequence in strings.bad_words):
             # The sampler would find mid-generation that no token is left, failing the whole step.
             raise InvalidRequestError("allowed_token_ids cannot be combined with bad_words of more than one token")
         vocab_size = self.model_config.vocab_size
@@ -122,25 +127,24 @@ class EngineCore:
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
         try:
-            self.runner.validate(params, self.tokenizer.encode)
+            self.runner.validate(params, strings)
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
 
-    def _guidance(self, request: Request, params: SamplingParams) -> Guidance:
+    def _guidance(self, request: Request) -> Guidance:
         """The companion of a guided request; raises `InvalidRequestError` if it cannot run."""
         if self.config.max_num_seqs < 2 or self.config.max_num_batched_tokens < 2:
             raise InvalidRequestError("guidance_scale needs max_num_seqs >= 2 and max_num_batched_tokens >= 2 (two sequences per step)")
-        negative_prompt = self._negative_prompt(params)
+        negative_prompt = self._negative_prompt(request.strings)
         if len(negative_prompt) >= self.max_model_len:
             raise InvalidRequestError(f"the negative prompt has {len(negative_prompt)} tokens; the context holds {self.max_model_len}")
-        companion = Request(f"{request.request_id}#unconditional", negative_prompt, params, request.output_token_ids)
-        return Guidance(params.guidance_scale, companion)
+        companion = Request(f"{request.request_id}#unconditional", negative_prompt, request.params, request.output_token_ids)
+        return Guidance(request.params.guidance_scale, companion)
 
-    def _negative_prompt(self, params: SamplingParams) -> list[int]:
+    def _negative_prompt(self, strings: TokenizedStrings) -> list[int]:
         """The unconditional prompt's ids: ``negative_prompt``, or the bare BOS (EOS if the model has none)."""
-        token_ids = self.tokenizer.encode(params.negative_prompt) if params.negative_prompt else []
-        if token_ids:
-            return token_ids
+        if strings.negative_prompt:
+            return list(strings.negative_prompt)
         bos = self.tokenizer.bos_token_id
         return [bos if bos is not None else self.tokenizer.eos_token_ids[0]]
 
@@ -189,7 +193,7 @@ class EngineCore:
     def _admit(self, request: Request) -> bool:
         """Give the request (just handed its slots) its sampling row; False if that failed it."""
         try:
-            self.runner.add_request(request, self.tokenizer.encode)
+            self.runner.add_request(request)
         except Exception as error:
             self.pending_outputs.append(self._fail(request, error))
             return False

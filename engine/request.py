@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from engine.ngram_drafter import NgramIndex
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 
 class FinishReason(str, Enum):
@@ -24,6 +25,8 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     output_token_ids: list[int] = field(default_factory=list)
+    strings: TokenizedStrings = field(default_factory=TokenizedStrings)
+    """The request's bad words, DRY breakers and negative prompt as ids, tokenized by the caller."""
     slot: int | None = None
     num_computed_tokens: int = 0
     """Tokens whose keys and values are in the cache (or being written by a launched step)."""

@@ -13,12 +13,12 @@ rebuilt on the next step after a join or leave that changed them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from sampling.params import SamplingParams, TokenIdOutOfVocabError
+from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 NEG_INF = float("-inf")
 
@@ -33,30 +33,16 @@ class Entry:
     """Applies only when the row's last outputs equal this (empty: no such gate)."""
 
 
-def entries_for(params: SamplingParams, eos_token_ids: tuple[int, ...], encode: Callable[[str], list[int]] | None) -> list[Entry]:
-    """All logit edits of one request."""
+def entries_for(params: SamplingParams, eos_token_ids: tuple[int, ...], strings: TokenizedStrings) -> list[Entry]:
+    """All logit edits of one request; its bad words come tokenized in ``strings``."""
+    if params.bad_words and not strings.bad_words:
+        raise ValueError("bad_words: pass the request's TokenizedStrings (sampling.tokenized.tokenize_strings)")
     entries = [Entry(token, bias) for token, bias in params.logit_bias.items() if bias != 0.0]
     if params.min_tokens > 0:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         entries += [Entry(token, NEG_INF, min_tokens=params.min_tokens) for token in sorted(stops)]
-    if params.bad_words:
-        if encode is None:
-            raise ValueError("bad_words: the engine must pass `encode` to tokenize bad words")
-        entries += _bad_word_entries(params.bad_words, encode)
+    entries += [Entry(sequence[-1], NEG_INF, prefix=sequence[:-1]) for sequence in strings.bad_words]
     return entries
-
-
-def check_entries_vocab(entries: list[Entry], vocab_size: int) -> None:
-    """Bad-word ids come from the engine's tokenizer; reject any outside ``[0, vocab_size)``."""
-    for e in entries:
-        bad = [t for t in (e.token, *e.prefix) if not 0 <= t < vocab_size]
-        if bad:
-            raise TokenIdOutOfVocabError(f"bad_words: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-
-
-def _bad_word_entries(words: list[str], encode: Callable[[str], list[int]]) -> list[Entry]:
-    sequences = {tuple(encode(variant)) for word in words for variant in (word, " " + word)}
-    return [Entry(seq[-1], NEG_INF, prefix=seq[:-1]) for seq in sorted(sequences) if seq]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
 from engine.request import FinishReason, Request, check_stop
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done
 
 PROMPT = list(range(300, 310))
@@ -57,7 +58,7 @@ def test_invalid_requests_are_rejected_without_disturbing_others(tiny_checkpoint
     engine.add_request("good", PROMPT, GREEDY)
     engine.step()
     with pytest.raises(InvalidRequestError, match=message):
-        engine.add_request("bad", prompt, params)
+        engine.add_request("bad", prompt, params, tokenize_strings(params, engine.tokenizer.encode))
     assert output_ids(run_until_done(engine)["good"])[-11:] == reference_tokens[1:]
 
 
@@ -222,3 +223,19 @@ def test_stop_token_ids_are_a_set_built_once():
     assert check_stop(request, (2,), max_model_len=64) == (FinishReason.STOP, 7)
     request.output_token_ids.append(100_001)
     assert check_stop(request, (2,), max_model_len=64) is None
+
+
+def test_the_engine_never_tokenizes(tiny_checkpoint, monkeypatch):
+    """Bad words, DRY breakers and the negative prompt arrive as ids; without them such a request is refused."""
+    engine = make_engine(tiny_checkpoint)
+    params = SamplingParams(bad_words=["foo bar"], dry_multiplier=0.5, guidance_scale=2.0, negative_prompt="no", max_tokens=4, seed=1)
+    strings = tokenize_strings(params, engine.tokenizer.encode)
+
+    def refuse(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("the engine tokenized")
+
+    monkeypatch.setattr(engine.tokenizer, "encode", refuse)
+    with pytest.raises(InvalidRequestError, match="TokenizedStrings"):
+        engine.add_request("untokenized", PROMPT, params)
+    engine.add_request("a", PROMPT, params, strings)
+    assert run_until_done(engine)["a"][-1].finish_reason == FinishReason.LENGTH

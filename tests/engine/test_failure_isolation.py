@@ -52,10 +52,10 @@ def reference(tiny_checkpoint: Checkpoint) -> dict[str, list[int]]:
 def fail_admission(monkeypatch: pytest.MonkeyPatch, core: EngineCore, error: Exception) -> None:
     add_request = core.runner.add_request
 
-    def add_or_raise(request: Request, encode) -> None:  # noqa: ANN001
+    def add_or_raise(request: Request) -> None:
         if request.request_id == VICTIM:
             raise error
-        add_request(request, encode)
+        add_request(request)
 
     monkeypatch.setattr(core.runner, "add_request", add_or_raise)
 

@@ -11,6 +11,7 @@ from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
 from engine.request import FinishReason
 from sampling.params import MAX_INT64, SamplingParams
+from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import run_until_done
 
 PROMPT = list(range(300, 310))
@@ -29,7 +30,7 @@ def test_forty_distinct_dry_breakers_run(engine: EngineCore) -> None:
     breakers = [engine.tokenizer.decode([token]) for token in range(1000, 1040)]
     assert len({t for b in breakers for t in engine.tokenizer.encode(b)}) > 32
     params = SamplingParams(dry_multiplier=0.8, dry_sequence_breakers=breakers, max_tokens=8, seed=1)
-    engine.add_request("dry", PROMPT, params)
+    engine.add_request("dry", PROMPT, params, tokenize_strings(params, engine.tokenizer.encode))
     engine.add_request("greedy", PROMPT, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     outputs = run_until_done(engine)
     assert sum(len(o.new_token_ids) for o in outputs["greedy"]) == 8
@@ -81,7 +82,7 @@ def test_validated_params_never_make_a_step_raise(engine: EngineCore, batch: lis
         fields = {**fields, "max_tokens": fields.get("max_tokens") or 6, "min_tokens": min(fields.get("min_tokens", 0), 6)}
         try:
             params = SamplingParams(**fields)
-            engine.add_request(f"r{index}", PROMPT, params)
+            engine.add_request(f"r{index}", PROMPT, params, tokenize_strings(params, engine.tokenizer.encode))
         except (ValueError, InvalidRequestError):
             continue  # refused at validation: that is allowed
         admitted.append(f"r{index}")

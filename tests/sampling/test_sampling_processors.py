@@ -10,6 +10,7 @@ from sampling.batch import SamplingBatch
 from sampling.ops.dry import apply_dry
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
+from sampling.tokenized import TokenizedStrings, tokenize_strings
 
 VOCAB = 64
 
@@ -21,7 +22,7 @@ def encode(text: str) -> list[int]:
 def make_batch(params: list[SamplingParams], prompt: list[int] | None = None, **kwargs) -> SamplingBatch:
     batch = SamplingBatch(len(params), VOCAB, 64, "cpu", **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt or [0], encode=encode)
+        batch.add_request(row, p, prompt or [0], tokenize_strings(p, encode))
     return batch
 
 
@@ -187,7 +188,7 @@ def test_dry_in_the_sampler_discourages_repeats() -> None:
 def test_state_allocated_in_inference_mode_is_usable_outside() -> None:
     with torch.inference_mode():
         batch = make_batch([SamplingParams()])
-        batch.add_request(0, SamplingParams(repetition_penalty=1.2, allowed_token_ids=[1, 2], dry_multiplier=0.5), [1])
+        batch.add_request(0, SamplingParams(repetition_penalty=1.2, allowed_token_ids=[1, 2], dry_multiplier=0.5), [1], TokenizedStrings())
         run_steps(batch, 2)
-    batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1])
+    batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1], TokenizedStrings())
     assert run_steps(batch, 2)[:, 0].tolist() == [3, 3]
