@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,7 @@ from engine.loader.checkpoint import Checkpoint
 from engine.request import FinishReason
 from sampling.params import MAX_INT64, SamplingParams
 from sampling.tokenized import tokenize_strings
-from tests.engine.conftest import run_until_done
+from tests.engine.conftest import output_ids, run_until_done
 
 PROMPT = list(range(300, 310))
 VOCAB = 49152
@@ -42,7 +44,7 @@ words = st.text(min_size=1, max_size=12)
 params_strategy = st.fixed_dictionaries(
     {},
     optional={
-        "temperature": st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+        "temperature": st.sampled_from([0.0, 5e-324, 1e-40, 1e-8, 0.5, 1.0, 3.0, 1e30, 1e300]),
         "top_k": st.sampled_from([-1, 0, 1, 5, VOCAB, MAX_INT64]),
         "top_p": st.sampled_from([1e-9, 0.5, 1.0]),
         "min_p": st.sampled_from([0.0, 0.5, 1.0]),
@@ -68,6 +70,8 @@ params_strategy = st.fixed_dictionaries(
         "allowed_token_ids": st.none() | st.lists(token_ids, min_size=1, max_size=16),
         "bad_words": st.lists(words, max_size=8),
         "num_speculative_tokens": st.sampled_from([None, 0, 3, 16]),
+        "prompt_lookup_min": st.sampled_from([None, 1, 16]),
+        "prompt_lookup_max": st.sampled_from([None, 1, 16]),
         "guidance_scale": st.sampled_from([1.0, -100.0, 0.0, 3.0]),
         "negative_prompt": st.none() | words,
     },
@@ -75,7 +79,9 @@ params_strategy = st.fixed_dictionaries(
 
 
 @given(st.lists(params_strategy, min_size=1, max_size=5))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 def test_validated_params_never_make_a_step_raise(engine: EngineCore, batch: list[dict]) -> None:
     admitted = []
     for index, fields in enumerate(batch):
@@ -89,3 +95,4 @@ def test_validated_params_never_make_a_step_raise(engine: EngineCore, batch: lis
     outputs = run_until_done(engine, max_steps=500)
     for request_id in admitted:
         assert outputs[request_id][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH), outputs[request_id][-1].error
+        assert all(0 <= token < VOCAB for token in output_ids(outputs[request_id]))
