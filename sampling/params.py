@@ -20,12 +20,14 @@ MAX_N = 128
 MAX_INT64 = 2**63 - 1  # the sampling batch keeps integer parameters in int64 columns
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM_SIZE = 16
-MAX_DRY_SEQUENCE_BREAKERS = 64
-MAX_DRY_BREAKER_CHARS = 40
-"""Breakers are tokenized once per request; llama.cpp caps a breaker at 40 characters too."""
-MAX_BAD_WORDS = 256
-MAX_BAD_WORD_CHARS = 256
-"""A bad word's tokens (but the last) are matched against the latest outputs every step."""
+# The library's own bounds on strings the engine takes as ids (tokenized once per request;
+# a bad word's tokens but the last are matched against the latest outputs every step). They
+# hold whatever the server's configurable limits (deployments/limits.py) are set to, which
+# are tighter by default and so are the ones a client normally meets.
+MAX_DRY_SEQUENCE_BREAKERS = 128
+MAX_DRY_BREAKER_CHARS = 128
+MAX_BAD_WORDS = 1024
+MAX_BAD_WORD_CHARS = 2048
 
 
 class TokenIdOutOfVocabError(ValueError):
