@@ -9,8 +9,9 @@ import torch
 from sampling.batch import SamplingBatch
 from sampling.ops.dry import apply_dry
 from sampling.params import SamplingParams
-from sampling.sampler import Sampler
+from sampling.sampler import Sampler, _apply_dry_rows
 from sampling.tokenized import TokenizedStrings, tokenize_strings
+from sampling.view import RowView
 
 VOCAB = 64
 
@@ -192,3 +193,25 @@ def test_state_allocated_in_inference_mode_is_usable_outside() -> None:
         run_steps(batch, 2)
     batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1], TokenizedStrings())
     assert run_steps(batch, 2)[:, 0].tolist() == [3, 3]
+
+
+def test_dry_rows_among_many_get_the_penalty_of_dry_on_every_row() -> None:
+    """DRY is computed only for the rows that use it; the result is that of DRY on all rows."""
+    prompt = encode("abcdabcdabc")
+    dry = SamplingParams(temperature=0.0, dry_multiplier=5.0, dry_allowed_length=2, dry_sequence_breakers=["\n"])
+    params = [SamplingParams(temperature=0.0, dry_multiplier=5.0, dry_penalty_last_n=0)] * 3 + [dry, SamplingParams(temperature=0.0), dry]
+    batch = make_batch(params, prompt=prompt)
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(0))
+    view = RowView.of(batch, torch.arange(len(params)))
+    everywhere = apply_dry(
+        logits,
+        view.history(),
+        view.history_len(),
+        batch.dry_breaker_mask,
+        view.params.dry_multiplier * (view.params.dry_penalty_last_n != 0),
+        view.params.dry_base,
+        view.params.dry_allowed_length,
+        view.params.dry_penalty_last_n,
+    )
+    assert not torch.equal(everywhere[3], logits[3])
+    torch.testing.assert_close(_apply_dry_rows(logits, view), everywhere)
