@@ -1,6 +1,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The address `make run` serves on (proxy and direct-ingress ports): `make run HOST=0.0.0.0` to serve other machines.
+# The API key comes from the environment: `SPOUT_API_KEY=... make run`.
+HOST ?= 127.0.0.1
 
 .PHONY: install run test lint bench
 
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(VENV)/bin/serve run deployments:app
+	RAY_SERVE_DEFAULT_HTTP_HOST=$(HOST) RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(VENV)/bin/serve run deployments:app
 
 test: install
 	$(VENV)/bin/ruff check .

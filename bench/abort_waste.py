@@ -9,13 +9,20 @@
   needed are the stream's ``usage.completion_tokens`` (the ingress keeps the tokens up
   to the one that completes the stop).
 - disconnect: tokens generated after the client closed its stream, i.e. the count once
-  the engine is idle less the count read just before the close (after 8 tokens).
+  the engine is idle less the count at the close (after 8 tokens). The count is asked for in
+  the same instant as the close (the call is sent, then the connection closed, then the
+  answer awaited), so it is the engine's count about when the ingress learns of the close,
+  and the figure is the ingress's and engine's waste alone. (Reading the count first and
+  closing once it came back, as this benchmark did before, added the client's own lag: at
+  256 streams, 256 reads queue behind the engine's steps before any stream closes.)
 
 At 16 streams each row pools 4 rounds (64 requests).
 
 Every stream runs in the engine at once (``max_num_seqs`` = 256) without speculation, so
 each running request gets one token per engine step: tokens of waste are engine steps; ``step_ms`` is
-the mean step time during the streams. ``--quick`` runs tiny-random only; the full run adds
+the mean step time during the streams. ``late_waits``: how often, during the row's rounds
+(both causes), the engine stopped waiting for the ingress to route a step's outputs
+(`deployments.step_credits`: the bound of 2 steps holds only while it waits). ``--quick`` runs tiny-random only; the full run adds
 the default model. Rows go to bench/results/abort_waste.json.
 """
 
@@ -37,7 +44,7 @@ from bench.load_client import percentile
 from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
-from deployments.ingress import ENGINE_NAMESPACE
+from deployments.ingress import ENGINE_NAMESPACE, engine_name
 from engine.config import DEFAULT_MODEL
 
 ROUNDS = {16: 4, 256: 1}  # concurrency -> rounds of streams, for enough requests per row
@@ -106,16 +113,19 @@ async def stop_string_stream(client: httpx.AsyncClient, model: str, index: int, 
 
 
 async def disconnecting_stream(client: httpx.AsyncClient, engine: object, model: str, index: int) -> tuple[str, int]:
-    """Read ``READ_BEFORE_CLOSE`` tokens, note the engine's count, close; the id and that count."""
+    """Read ``READ_BEFORE_CLOSE`` tokens, then ask the engine for the request's count and close the
+    connection in the same instant; the id and that count."""
     received = 0
     async with aclosing(chunks(client, greedy_body(model, index, DISCONNECT_MAX_TOKENS, logprobs=0))) as stream:
         async for chunk in stream:
             received += sum(len(c["logprobs"]["tokens"]) for c in chunk["choices"] if c["logprobs"])
             if received >= READ_BEFORE_CLOSE:
                 request_id = f"{chunk['id']}-0"
-                at_close = (await engine.num_generated.remote([request_id]))[request_id]  # type: ignore[attr-defined]
-                return request_id, at_close  # leaving the block closes the connection at once
-    raise RuntimeError(f"request {index} ended before the client left")
+                at_close = engine.num_generated.remote([request_id])  # type: ignore[attr-defined]
+                break  # leaving the block closes the connection at once
+        else:
+            raise RuntimeError(f"request {index} ended before the client left")
+    return request_id, (await at_close)[request_id]
 
 
 async def stop_string_round(client: httpx.AsyncClient, engine: object, model: str, stops: list[str]) -> tuple[list[int], float]:
@@ -138,6 +148,7 @@ async def disconnect_round(client: httpx.AsyncClient, engine: object, model: str
 
 
 async def measure(base_url: str, engine: object, model: str, concurrency: int) -> list[dict]:
+    late_before = (await engine.stats.remote())["late_subscribers"]  # type: ignore[attr-defined]
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     stop_waste: list[int] = []
     disconnect_waste: list[int] = []
@@ -150,10 +161,11 @@ async def measure(base_url: str, engine: object, model: str, concurrency: int) -
             step_ms.append(ms)
             disconnect_waste += await disconnect_round(client, engine, model, concurrency)
     mean_step_ms = statistics.fmean(step_ms)
-    return [row(model, concurrency, "stop_string", stop_waste, mean_step_ms), row(model, concurrency, "disconnect", disconnect_waste, mean_step_ms)]
+    late = (await engine.stats.remote())["late_subscribers"] - late_before  # type: ignore[attr-defined]
+    return [row(model, concurrency, cause, waste, mean_step_ms, late) for cause, waste in (("stop_string", stop_waste), ("disconnect", disconnect_waste))]
 
 
-def row(model: str, concurrency: int, cause: str, waste: list[int], step_ms: float) -> dict:
+def row(model: str, concurrency: int, cause: str, waste: list[int], step_ms: float, late_waits: int) -> dict:
     """Waste in tokens, which is also engine steps: each running request gets one token per step."""
     return {
         "model": model,
@@ -164,6 +176,7 @@ def row(model: str, concurrency: int, cause: str, waste: list[int], step_ms: flo
         "waste_max_steps": max(waste),
         "waste_mean_steps": round(statistics.fmean(waste), 2),
         "step_ms": round(step_ms, 2),
+        "late_waits": late_waits,
     }
 
 
@@ -171,7 +184,7 @@ def run_model(cluster: ServeCluster, model: str) -> list[dict]:
     port = cluster.deploy(build_app({"model": model, "max_num_seqs": 256, "max_model_len": 512}), "spout")
     try:
         warm_up(port, model)
-        engine = ray.get_actor(f"spout-engine-{model}-0", namespace=ENGINE_NAMESPACE)
+        engine = ray.get_actor(engine_name("spout", model, 0), namespace=ENGINE_NAMESPACE)
         rows = []
         for concurrency in ROUNDS:
             rows += asyncio.run(measure(f"http://127.0.0.1:{port}", engine, model, concurrency))

@@ -32,6 +32,7 @@ from bench.load_client import run_streams
 from bench.process_cpu import TICKS_PER_S
 from bench.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
+from deployments.engine_actor import Polled
 from deployments.event_stream import EventStream
 from deployments.generation import Generation, Submission
 from deployments.metrics import IngressMetrics
@@ -135,14 +136,14 @@ class _ScriptedEngine:
         self.steps = iter(steps)
         self.done = asyncio.Event()
 
-    async def remote(self, *args: object) -> list[EngineOutput]:
+    async def remote(self, *args: object) -> Polled:
         for _ in range(3):  # let every stream write its frame, as between two engine messages
             await asyncio.sleep(0)
         outputs = next(self.steps, None)
         if outputs is None:
             self.done.set()
             await asyncio.Event().wait()
-        return outputs
+        return Polled(0, outputs)
 
 
 async def _spout_code(streams: int, frames: int) -> dict:

@@ -29,6 +29,8 @@ import ray
 from ray import serve
 from ray.serve import Application
 
+from deployments.ingress import kill_engines
+
 PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "default": {},
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
@@ -97,7 +99,8 @@ class ServeCluster:
 
     def delete(self, name: str) -> None:
         serve.delete(name)
-        time.sleep(2)  # the engine actor goes with its ingress replica
+        kill_engines(name)  # detached: they outlive the app's replicas
+        time.sleep(2)
 
 
 @dataclass

@@ -50,7 +50,7 @@ class EngineServer:
     async def _dispatch(self) -> None:
         """The engine's outputs to each request's queue (vLLM's AsyncLLM output handler)."""
         while True:
-            for output in await self.engine.get_outputs(SUBSCRIBER, 1.0):
+            for output in (await self.engine.get_outputs(SUBSCRIBER, 1.0)).outputs:
                 queue = self.queues.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)
@@ -68,7 +68,7 @@ class EngineServer:
         state = initial_state(self.tokenizer, prompt, params)
         finished, num_tokens = False, 0
         try:
-            [refusal] = await self.engine.add_requests(SUBSCRIBER, [NewRequest(request_id, prompt, params)])
+            [refusal] = (await self.engine.add_requests(SUBSCRIBER, [NewRequest(request_id, prompt, params)])).errors
             if refusal is not None:
                 raise RuntimeError(refusal)
             while not finished:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ray import serve
 from ray.serve import Application
 
@@ -13,8 +15,9 @@ QUIET_LOGS = {"enable_access_log": False, "log_level": "WARNING"}
 
 
 def build_app(args: dict[str, str] | None = None) -> Application:
-    """``serve run deployments:build_app model=tiny-random max_num_seqs=64`` passes strings; they are validated here."""
-    config = ServeArgs(**(args or {}))
+    """``serve run deployments:build_app model=tiny-random max_num_seqs=64`` passes strings; they are validated here,
+    and the API key comes from ``SPOUT_API_KEY`` unless ``api_key`` is given."""
+    config = ServeArgs.from_options(args or {}, os.environ)
     detok = serve.deployment(
         Detokenizer,
         name="Detokenizer",

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from collections.abc import Mapping
 
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from deployments.limits import RequestLimits
 from engine.config import DEFAULT_MODEL, EngineConfig
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
+API_KEY_ENV = "SPOUT_API_KEY"
+QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
 
-class ServeArgs(BaseModel):
-    """Options of ``deployments.build_app`` (``serve run deployments:build_app key=value ...``)."""
+
+class ServeArgs(RequestLimits):
+    """Options of ``deployments.build_app`` (``serve run deployments:build_app key=value ...``);
+    the per-request limits of `RequestLimits` are options too."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,9 +45,32 @@ class ServeArgs(BaseModel):
         description="Tokens per streamed frame (vLLM's stream_interval): a choice's first token and its last frame go out at once, "
         "the others once this many wait. Larger values cost less CPU per token and make the text arrive in bigger steps.",
     )
-    api_key: str | None = None
+    api_key: SecretStr | None = Field(None, description=f"When set, every route but /health requires it; {API_KEY_ENV} sets it from the environment.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], environ: Mapping[str, str]) -> ServeArgs:
+        """``options`` validated; the API key from ``environ[SPOUT_API_KEY]`` when the options set none."""
+        if options.get("api_key") is None and API_KEY_ENV in environ:
+            options = {**options, "api_key": environ[API_KEY_ENV]}
+        return cls(**options)
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not key.get_secret_value().strip():
+            raise ValueError(f"the API key is empty: set a non-empty api_key (or {API_KEY_ENV}), or leave it unset to serve without one")
+        return key
+
+    @model_validator(mode="after")
+    def _one_request_cannot_fill_the_queue(self) -> ServeArgs:
+        if self.max_choices_per_request * QUEUE_SHARE > self.max_waiting_requests:
+            raise ValueError(
+                f"max_choices_per_request ({self.max_choices_per_request}) must be at most 1/{QUEUE_SHARE} of max_waiting_requests "
+                f"({self.max_waiting_requests}), so that one request cannot fill an engine's queue"
+            )
+        return self
 
     @property
     def model_name(self) -> str:

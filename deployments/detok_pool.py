@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -14,6 +15,7 @@ from engine.loader.checkpoint import load_tokenizer
 logger = logging.getLogger(__name__)
 
 FANOUT_METRIC = "step_fanout"
+POOL_CALL_TIMEOUT_S = 10.0  # a call not answered by then is retried, then done inline
 """Custom autoscaling metric: how many pool calls the widest recent step was split into."""
 
 
@@ -80,11 +82,11 @@ class DetokClient:
 
     async def _pool_call(self, items: list[DetokItem], response: object, fanout: int) -> list[DetokResult]:
         try:
-            return await response  # type: ignore[misc]
+            return await asyncio.wait_for(response, POOL_CALL_TIMEOUT_S)  # type: ignore[arg-type]
         except Exception as error:
             logger.warning("detok pool call failed (%s); retrying", error)
         try:
-            return await self.pool.detokenize.remote(items, fanout)  # type: ignore[attr-defined]
+            return await asyncio.wait_for(self.pool.detokenize.remote(items, fanout), POOL_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
         except Exception as error:
             logger.warning("detok pool retry failed (%s); detokenizing inline", error)
             return detokenize_batch(self.tokenizer, items)

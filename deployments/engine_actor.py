@@ -1,5 +1,15 @@
 """`EngineActor`: one per GPU, runs `EngineCore` in its own thread and hands each
-subscribed ingress replica one message per step with all of its requests' outputs."""
+subscribed ingress replica one message per step with all of its requests' outputs.
+
+Every reply carries the actor's incarnation, a random number drawn when it starts, so an
+ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
+after it, not only in a failed call. A subscriber that has not polled for
+``SUBSCRIBER_TIMEOUT_S`` is taken for dead: its requests are aborted and its mailbox dropped.
+
+A subscriber's aborts come with its next poll, and the engine runs at most `LEAD_STEPS` steps
+ahead of the outputs its subscribers have routed (`StepCredits`), so a request whose stop
+string or client's leaving shows in step k's outputs gets at most ``LEAD_STEPS - 1`` more steps.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +17,16 @@ import asyncio
 import logging
 import os
 import queue
+import random
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.request import EngineOutput
@@ -23,6 +37,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVER_FULL = "the server is full: too many requests are waiting"
+ABORTED = "the request was aborted before it was admitted"
+SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
+RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
+# Step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste (one more
+# where `EngineCore.step` returns the previous step's outputs, i.e. async scheduling on CUDA).
+LEAD_STEPS = 3
+CREDIT_WAIT_S = 0.5  # a subscriber that takes longer is not waited for until its next poll
 
 
 @dataclass(frozen=True)
@@ -34,12 +55,31 @@ class NewRequest:
     """The request's bad words, DRY breakers and negative prompt as ids (None: it has none)."""
 
 
+@dataclass(frozen=True)
+class Added:
+    """`EngineActor.add_requests`'s reply: an error message per refused request (None: queued)."""
+
+    incarnation: int
+    errors: list[str | None]
+
+
+@dataclass(frozen=True)
+class Polled:
+    """`EngineActor.get_outputs`'s reply."""
+
+    incarnation: int
+    outputs: list[EngineOutput]
+
+
 class _Subscriber:
     """Outputs waiting for one ingress replica; they coalesce until it asks."""
 
     def __init__(self) -> None:
         self.outputs: list[EngineOutput] = []
         self.ready = asyncio.Event()
+        self.last_seen = time.monotonic()  # its last poll (adding requests does not count)
+        self.delivered_step = -1  # the last engine step whose outputs are in `outputs`
+        self.taken_step = -1  # the last step the subscriber took (its next poll acknowledges it)
 
 
 class EngineActor:
@@ -50,15 +90,20 @@ class EngineActor:
     """
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int) -> None:
+        self.incarnation = random.getrandbits(62)
         self.engine = EngineCore(config)
         self.max_waiting_requests = max_waiting_requests
         self.owners: dict[str, str] = {}  # request id -> subscriber; engine thread only
+        self.recent_aborts: OrderedDict[str, None] = OrderedDict()  # engine thread only
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
+        self.reaper: asyncio.Task | None = None
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
         self.num_steps = 0  # engine steps run; engine thread only
+        self.credits = StepCredits(LEAD_STEPS, CREDIT_WAIT_S)
+        self.num_late_subscribers = 0  # times a subscriber was not waited for; engine thread only
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
 
@@ -66,40 +111,54 @@ class EngineActor:
 
     async def ready(self) -> int:
         """The engine's context length, once the model is loaded."""
-        self.loop = asyncio.get_running_loop()
+        self._bind_loop()
         return self.engine.max_model_len
 
-    async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> list[str | None]:
+    async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> Added:
         """Queue requests whose outputs go to ``subscriber``; an error message per refused request."""
-        self.loop = asyncio.get_running_loop()
-        self.subscribers.setdefault(subscriber, _Subscriber())
-        return await self._call(lambda: [self._add(subscriber, r) for r in requests])
+        self._subscriber(subscriber)
+        return Added(self.incarnation, await self._call(lambda: [self._add(subscriber, r) for r in requests]))
 
-    async def abort_requests(self, request_ids: list[str]) -> None:
-        await self._call(lambda: self.engine.abort_requests(request_ids))
+    async def abort_requests(self, request_ids: list[str]) -> int:
+        """Abort these requests (or, not added yet, refuse them when they are); the incarnation."""
+        await self._call(lambda: self._abort(request_ids))
+        return self.incarnation
 
-    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0) -> list[EngineOutput]:
-        """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some."""
-        self.loop = asyncio.get_running_loop()
-        mailbox = self.subscribers.setdefault(subscriber, _Subscriber())
+    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0, aborts: list[str] | None = None) -> Polled:
+        """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some.
+
+        The call also aborts ``aborts`` (the subscriber found them while routing the outputs of its
+        previous call) and so acknowledges that call's outputs: the engine may step on.
+        """
+        mailbox = self._subscriber(subscriber)
+        mailbox.last_seen = time.monotonic()
+        if aborts:
+            self._enqueue(lambda: self._abort(aborts))  # before the acknowledgement lets the engine step
+        self.credits.acknowledged(subscriber, mailbox.taken_step)
         try:
             await asyncio.wait_for(mailbox.ready.wait(), timeout_s)
         except TimeoutError:
-            return []
+            return Polled(self.incarnation, [])
+        finally:
+            mailbox.last_seen = time.monotonic()
         mailbox.ready.clear()
         outputs, mailbox.outputs = mailbox.outputs, []
-        return outputs
+        mailbox.taken_step = mailbox.delivered_step
+        return Polled(self.incarnation, outputs)
 
     async def stats(self) -> dict[str, int]:
         engine = self.engine
         return await self._call(
             lambda: {
+                "incarnation": self.incarnation,
                 "running": engine.num_running,
                 "waiting": engine.num_waiting,
                 "generated_tokens": engine.num_generated_tokens,
                 "draft_tokens": engine.num_draft_tokens,
                 "accepted_tokens": engine.num_accepted_tokens,
                 "steps": self.num_steps,
+                "subscribers": len(self.subscribers),
+                "late_subscribers": self.num_late_subscribers,
             }
         )
 
@@ -111,17 +170,52 @@ class EngineActor:
         """Stop the engine thread after its current step (for in-process use; Ray ends the process)."""
         self.stopping = True
         self.wakeup.set()
+        if self.reaper is not None:
+            self.reaper.cancel()
         await asyncio.to_thread(self.thread.join)
+
+    # --- subscribers (event loop) -------------------------------------------------------
+
+    def _bind_loop(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+            self.reaper = self.loop.create_task(self._reap_dead_subscribers())
+
+    def _subscriber(self, subscriber: str) -> _Subscriber:
+        self._bind_loop()
+        mailbox = self.subscribers.get(subscriber)
+        if mailbox is None:
+            mailbox = self.subscribers[subscriber] = _Subscriber()
+        return mailbox
+
+    async def _reap_dead_subscribers(self) -> None:
+        """Abort the requests of subscribers silent for `SUBSCRIBER_TIMEOUT_S` (their ingress
+        replica died) and drop their mailboxes."""
+        while True:
+            await asyncio.sleep(SUBSCRIBER_TIMEOUT_S / 4)
+            now = time.monotonic()
+            for subscriber in [s for s, m in self.subscribers.items() if now - m.last_seen > SUBSCRIBER_TIMEOUT_S]:
+                logger.warning("subscriber %s has not polled for %.0f s: aborting its requests", subscriber, now - self.subscribers[subscriber].last_seen)
+                del self.subscribers[subscriber]
+                self.credits.forget(subscriber)
+                await self._call(lambda s=subscriber: self._abort([r for r, owner in self.owners.items() if owner == s]))
 
     # --- engine thread ----------------------------------------------------------------
 
     async def _call(self, command: Callable[[], T]) -> T:
+        return await asyncio.wrap_future(self._enqueue(command))
+
+    def _enqueue(self, command: Callable[[], T]) -> Future:
+        """Run ``command`` on the engine thread before its next step."""
         future: Future = Future()
         self.commands.put((command, future))
         self.wakeup.set()
-        return await asyncio.wrap_future(future)
+        return future
 
     def _add(self, subscriber: str, request: NewRequest) -> str | None:
+        if request.request_id in self.recent_aborts:
+            del self.recent_aborts[request.request_id]
+            return ABORTED
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
@@ -131,6 +225,15 @@ class EngineActor:
         self.owners[request.request_id] = subscriber
         return None
 
+    def _abort(self, request_ids: list[str]) -> None:
+        """Abort running or queued requests; remember the others, whose add may still be on its way."""
+        for request_id in request_ids:
+            if request_id not in self.engine.requests:
+                self.recent_aborts[request_id] = None
+                if len(self.recent_aborts) > RECENT_ABORTS:
+                    self.recent_aborts.popitem(last=False)
+        self.engine.abort_requests(request_ids)
+
     def _run(self) -> None:
         try:
             while not self.stopping:
@@ -138,8 +241,9 @@ class EngineActor:
                 self.wakeup.clear()
                 self._apply_commands()
                 while self.engine.has_unfinished_requests() and not self.stopping:
-                    self._publish(self.engine.step())
+                    self._publish(self.num_steps, self.engine.step())
                     self.num_steps += 1
+                    self.num_late_subscribers += len(self.credits.wait_to_start(self.num_steps))
                     self._apply_commands()
         except BaseException:
             # A request's own failure is an error output, never raised by step(): what is raised
@@ -162,17 +266,21 @@ class EngineActor:
             except Exception as error:  # the caller gets it; the loop goes on
                 future.set_exception(error)
 
-    def _publish(self, outputs: list[EngineOutput]) -> None:
+    def _publish(self, step: int, outputs: list[EngineOutput]) -> None:
         grouped: dict[str, list[EngineOutput]] = {}
         for output in outputs:
             owner = self.owners.pop(output.request_id) if output.finish_reason else self.owners.get(output.request_id)
             if owner is not None:
                 grouped.setdefault(owner, []).append(output)
         if grouped and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._deliver, grouped)
+            self.credits.published([s for s in grouped if s in self.subscribers], step)
+            self.loop.call_soon_threadsafe(self._deliver, step, grouped)
 
-    def _deliver(self, grouped: dict[str, list[EngineOutput]]) -> None:
+    def _deliver(self, step: int, grouped: dict[str, list[EngineOutput]]) -> None:
         for subscriber, outputs in grouped.items():
-            mailbox = self.subscribers.setdefault(subscriber, _Subscriber())
+            mailbox = self.subscribers.get(subscriber)
+            if mailbox is None:
+                continue  # reaped: its ingress replica is gone
             mailbox.outputs.extend(outputs)
+            mailbox.delivered_step = step
             mailbox.ready.set()

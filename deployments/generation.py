@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -11,11 +10,11 @@ from dataclasses import dataclass
 from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
-from deployments.engine_actor import SERVER_FULL, NewRequest
+from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
 from deployments.errors import APIError
 from deployments.logprobs import LogprobEntry
 from deployments.metrics import IngressMetrics
-from deployments.output_router import OutputRouter
+from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
@@ -23,8 +22,6 @@ from detok import initial_state
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
 from sampling.tokenized import has_strings, tokenize_strings
-
-ENGINE_FAILED = "the engine serving this request failed; it is being restarted"
 
 
 @dataclass
@@ -56,32 +53,45 @@ class Generation:
         self.subscriber = subscriber
         self.tokenizer = tokenizer
         self.metrics = metrics
-        self.router = OutputRouter(engines, subscriber, detok, metrics, self._abort, self._engine_failed)
-        self.adders = [TickBatcher(self._sender(i, "add")) for i in range(len(engines))]
-        self.aborters = [TickBatcher(self._sender(i, "abort")) for i in range(len(engines))]
-        self.ids = itertools.count()
+        self.router = OutputRouter(engines, subscriber, detok, metrics)
+        self.adders = [TickBatcher(self._adder(i)) for i in range(len(engines))]
+        self.aborters = [TickBatcher(self._aborter(i)) for i in range(len(engines))]
 
-    def _sender(self, engine_index: int, kind: str):
+    def _adder(self, engine_index: int):
         engine = self.engines[engine_index]
 
-        async def send(items: list) -> list:
-            if kind == "add":
-                return await engine.add_requests.remote(self.subscriber, items)  # type: ignore[attr-defined]
-            await engine.abort_requests.remote(items)  # type: ignore[attr-defined]
-            return [None] * len(items)
+        async def add(requests: list[NewRequest]) -> list[tuple[int, str | None]]:
+            """Per request, the engine's incarnation and an error message or None."""
+            reply = await asyncio.wait_for(engine.add_requests.remote(self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            self.router.saw_incarnation(engine_index, reply.incarnation)
+            return [(reply.incarnation, error) for error in reply.errors]
 
-        return send
+        return add
 
-    def _abort(self, engine_index: int, request_id: str) -> None:
-        self.aborters[engine_index].submit(request_id)
+    def _aborter(self, engine_index: int):
+        engine = self.engines[engine_index]
 
-    def _engine_failed(self, engine_index: int) -> None:
-        self.metrics.aborts.inc("engine_failure")
-        self.router.fail_engine_streams(engine_index, APIError(503, ENGINE_FAILED, code="engine_failed"))
+        async def abort(request_ids: list[str]) -> list[None]:
+            incarnation = await asyncio.wait_for(engine.abort_requests.remote(request_ids), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            self.router.saw_incarnation(engine_index, incarnation)
+            return [None] * len(request_ids)
+
+        return abort
+
+    def _abort(self, stream: ChoiceStream) -> None:
+        """Abort a choice the client no longer waits for: at once in its own call, batched per tick
+        (the engine learns of it a poll cycle sooner), and with the next poll (which the engine
+        waits for, so it lands within the step bound of `deployments.step_credits` whatever the load)."""
+        self.aborters[stream.engine_index].submit(stream.request_id)
+        self.router.abort(stream.engine_index, stream.request_id)
 
     def _pick_engine(self) -> int:
-        live = self.router.live_per_engine
-        return min(range(len(live)), key=live.__getitem__)
+        """The engine with the fewest live choices among those up (a 503 when none is)."""
+        live, down = self.router.live_per_engine, self.router.down
+        up = [i for i in range(len(live)) if i not in down]
+        if not up:
+            raise APIError(503, ENGINE_FAILED, code="engine_failed")
+        return min(up, key=live.__getitem__)
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
         """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
@@ -103,17 +113,22 @@ class Generation:
         for stream in streams:
             self.router.register(stream)
         try:
-            errors = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
-        except RayActorError as error:  # the engine died or is restarting: the client may retry
+            replies = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
+        except (RayActorError, TimeoutError) as error:  # the engine died, is restarting or hangs: the client may retry
             self._withdraw(streams)
             raise APIError(503, ENGINE_FAILED, code="engine_failed") from error
         except BaseException:  # the client left mid-submit: leave nothing behind
             self._withdraw(streams)
             raise
-        refused = [e for e in errors if e is not None]
+        for stream, (incarnation, _) in zip(streams, replies):
+            stream.incarnation = incarnation
+        if any(incarnation != self.router.incarnations[engine_index] for incarnation, _ in replies):
+            self._withdraw(streams)  # the engine restarted since it took them
+            raise APIError(503, ENGINE_FAILED, code="engine_failed")
+        refused = [e for _, e in replies if e is not None]
         if refused:
             self._withdraw(streams)
-            raise APIError(503, refused[0], code="server_full") if refused[0] == SERVER_FULL else APIError(400, refused[0])
+            raise refusal(refused[0])
         self.metrics.tokens.inc("prompt", sum(len(p) for p in prompts))
         return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
 
@@ -122,7 +137,7 @@ class Generation:
         (aborting a request the engine does not hold is a no-op)."""
         for stream in streams:
             self.router.unregister(stream)
-            self._abort(stream.engine_index, stream.request_id)
+            self._abort(stream)
 
     def release(self, submission: Submission, cause: str) -> None:
         """Unregister the submission's choices; abort those the engine still runs."""
@@ -131,7 +146,7 @@ class Generation:
             if not stream.finished:
                 stream.finished = True
                 self.metrics.aborts.inc(cause)
-                self._abort(stream.engine_index, stream.request_id)
+                self._abort(stream)
 
     def disconnect(self, submission: Submission) -> None:
         """The client left: abort the choices the engine still runs, and end the stream's wait."""
@@ -202,3 +217,12 @@ class Generation:
             self.metrics.ttft.observe(now - submission.arrived)
         elif new_tokens:
             self.metrics.itl.observe((now - last) / new_tokens)
+
+
+def refusal(message: str) -> APIError:
+    """The HTTP error for an engine's refusal of a request."""
+    if message == SERVER_FULL:
+        return APIError(503, message, code="server_full")
+    if message == ABORTED:
+        return APIError(499, message, code="client_closed_request")
+    return APIError(400, message)

@@ -4,58 +4,86 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
-import re
+import os
+import traceback
 import uuid
 from typing import TypeVar
 
 import ray
-from pydantic import ValidationError
+from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
-from deployments.errors import APIError, from_validation_error
+from deployments.errors import APIError
 from deployments.event_stream import EventStream
-from deployments.generation import Generation, Submission
-from deployments.metrics import IngressMetrics
+from deployments.generation import Generation
+from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openapi import openapi_document
+from deployments.prompt_encoder import PromptEncoder
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.request_body import read_body, validate_body
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
+from sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 ENGINE_NAMESPACE = "spout"
+ENGINE_START_TIMEOUT_S = 600.0  # loading the model
+HEALTH_TIMEOUT_S = 10.0
 RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
 
 
-def engine_handles(args: ServeArgs) -> list[object]:
-    """The engine actors, one per GPU (or one on CPU), created by the first replica that asks."""
+def engine_name(app_name: str, model_name: str, index: int) -> str:
+    """Engine actor ``index`` of a Serve application (in `ENGINE_NAMESPACE`)."""
+    return f"{_engine_prefix(app_name)}{model_name}/{index}"
+
+
+def _engine_prefix(app_name: str) -> str:
+    return f"spout-engine/{app_name}/"
+
+
+def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
+    """The application's engine actors, one per GPU (or one on CPU): created by the first replica
+    that asks, then found by name. They are detached, so they belong to the application, not to
+    that replica: they outlive every ingress replica, and Ray restarts them when they die.
+    `kill_engines` removes them (Ray's shutdown does too)."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     count = args.num_engines or max(gpus, 1)
     resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
     actor = ray.remote(max_restarts=-1, max_concurrency=10_000)(EngineActor)
     return [
-        actor.options(name=f"spout-engine-{args.model_name}-{i}", namespace=ENGINE_NAMESPACE, get_if_exists=True, **resources).remote(
+        actor.options(name=engine_name(app_name, args.model_name, i), namespace=ENGINE_NAMESPACE, lifetime="detached", get_if_exists=True, **resources).remote(
             args.engine_config(), args.max_waiting_requests
         )
         for i in range(count)
     ]
 
 
+def kill_engines(app_name: str) -> None:
+    """End a deleted application's engine actors (Serve does not know them)."""
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == ENGINE_NAMESPACE and actor["name"].startswith(_engine_prefix(app_name)):
+            ray.kill(ray.get_actor(actor["name"], namespace=ENGINE_NAMESPACE), no_restart=True)
+
+
 class Ingress:
     """Serve deployment body (options set in `deployments.app`)."""
 
     def __init__(self, args: dict, detok_pool: object | None) -> None:
-        self.args = ServeArgs(**args)
+        self.args = ServeArgs.from_options(args, os.environ)
+        self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
-        self.engines = engine_handles(self.args)
+        self.engines = engine_handles(self.args, serve.get_replica_context().app_name)
         self.metrics = IngressMetrics()
+        self.encoder = PromptEncoder(self.tokenizer)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.generation: asyncio.Task[Generation] | None = None
@@ -70,7 +98,7 @@ class Ingress:
         return await asyncio.shield(self.generation)
 
     async def _start(self) -> Generation:
-        lengths = [await engine.ready.remote() for engine in self.engines]  # type: ignore[attr-defined]
+        lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
         return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics, self.args.stream_interval)
 
@@ -79,8 +107,8 @@ class Ingress:
             response = await self._route(request)
         except APIError as error:
             response = error.response()
-        except Exception:
-            logger.exception("unhandled error")
+        except Exception as error:  # the type and the frames only: a message may quote the request's text
+            logger.error("unhandled %s on %s\n%s", type(error).__name__, request.url.path, "".join(traceback.format_tb(error.__traceback__)))
             response = APIError(500, "internal server error").response()
         self.metrics.requests.inc(str(response.status_code))
         return response
@@ -95,37 +123,13 @@ class Ingress:
             "/metrics": ("GET", self.metrics_text),
             "/openapi.json": ("GET", self.openapi),
         }
+        self.auth.check(path, request.headers.get("authorization"))  # before the route is looked up
         if path not in routes:
             raise APIError(404, f"no route {path}", code="not_found")
         expected, handler = routes[path]
         if method != expected:
             raise APIError(405, f"{path} takes {expected}, not {method}", code="method_not_allowed")
-        if path.startswith("/v1/"):
-            self._authorize(request)
         return await handler(request)
-
-    def _authorize(self, request: Request) -> None:
-        if self.args.api_key is None:
-            return
-        if request.headers.get("authorization", "") != f"Bearer {self.args.api_key}":
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
-
-    async def _json_body(self, request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.args.max_body_bytes:
-            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
-        body = await request.body()
-        if len(body) > self.args.max_body_bytes:
-            raise APIError(413, f"request body over {self.args.max_body_bytes} bytes", code="body_too_large")
-        try:
-            parsed = json.loads(body)
-            if re.search(rb"\\u[dD][89a-fA-F]", body):  # only an escape can carry a surrogate; a lone one is not text
-                json.dumps(parsed, ensure_ascii=False).encode()
-        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, lone surrogates, ints over 4300 digits, deep nesting
-            raise APIError(400, f"malformed JSON: {error}", code="invalid_json") from error
-        if not isinstance(parsed, dict):
-            raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-        return parsed
 
     def _check_model(self, model: str) -> None:
         if model != self.args.model_name:
@@ -135,23 +139,28 @@ class Ingress:
         assert self.max_model_len is not None
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        if len(prompt) >= self.max_model_len:
-            raise APIError(
-                413,
-                f"the prompt has {len(prompt)} tokens; this model's context is {self.max_model_len} tokens",
-                param="prompt",
-                code="context_length_exceeded",
-            )
+        check_context_length(len(prompt), self.max_model_len)
 
     async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
-        try:
-            body = model.model_validate(await self._json_body(request))
-        except ValidationError as error:
-            raise from_validation_error(error) from error
+        raw = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
+        body = await validate_body(raw, self.args.max_json_depth, model)
         self._check_model(body.model)
         return body
 
-    async def _respond(self, generation: Generation, submission: Submission, body: CompletionRequest | ChatCompletionRequest) -> Response:
+    async def _submit(
+        self,
+        generation: Generation,
+        fmt: ResponseFormat,
+        prompts: list[list[int]],
+        body: CompletionRequest | ChatCompletionRequest,
+        params: SamplingParams,
+        echo: bool,
+    ) -> Response:
+        """Submit the choices, then answer with their stream or their whole response."""
+        # Checked again with no await before `submit` registers the choices, so that requests
+        # whose prompts were encoded at the same time cannot together pass the limit.
+        check_in_flight(self.args, len(generation.router.streams), len(prompts) * params.n)
+        submission = await generation.submit(fmt, prompts, params, echo)
         if body.stream:
             return EventStream(generation.stream(submission, body.include_usage), lambda: generation.disconnect(submission))
         return JSONResponse(await generation.collect(submission))
@@ -159,24 +168,35 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
         params = body.sampling_params()
+        texts_or_ids = body.prompts()
+        choices = len(texts_or_ids) * params.n
+        check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
+        check_echo(self.args, body.echo, choices)
         generation = await self._ready()
-        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+        assert self.max_model_len is not None
+        check_prompts(self.args, texts_or_ids, self.max_model_len)
+        check_in_flight(self.args, len(generation.router.streams), choices)
+        prompts = await self.encoder.prompts(texts_or_ids)
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        return await self._respond(generation, await generation.submit(fmt, prompts, params, echo=body.echo), body)
+        return await self._submit(generation, fmt, prompts, body, params, echo=body.echo)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
+        messages = body.chat_messages()
+        check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
+        check_messages(self.args, [m["content"] for m in messages])
         generation = await self._ready()
+        check_in_flight(self.args, len(generation.router.streams), params.n)
         try:
-            prompt = self.tokenizer.encode_chat(body.chat_messages(), body.add_generation_prompt)
+            prompt = await self.encoder.chat(messages, body.add_generation_prompt)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        return await self._respond(generation, await generation.submit(fmt, [prompt], params, echo=False), body)
+        return await self._submit(generation, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:
         await self._ready()
@@ -188,24 +208,16 @@ class Ingress:
 
     async def health(self, request: Request) -> Response:
         try:
-            await self._ready()
+            await asyncio.wait_for(self._ready(), HEALTH_TIMEOUT_S)
             for engine in self.engines:
-                await engine.stats.remote()  # type: ignore[attr-defined]
+                await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)  # type: ignore[attr-defined]
         except Exception as error:
             raise APIError(503, f"unhealthy: {error}", code="unhealthy") from error
         return PlainTextResponse("ok")
 
     async def metrics_text(self, request: Request) -> Response:
-        gauges: dict[str, float] = {}
-        engine_counters: dict[str, float] = {}
-        for index, engine in enumerate(self.engines):
-            stats = await engine.stats.remote()  # type: ignore[attr-defined]
-            gauges[f'spout_running_requests{{engine="{index}"}}'] = stats["running"]
-            gauges[f'spout_waiting_requests{{engine="{index}"}}'] = stats["waiting"]
-            for kind in ("generated", "draft", "accepted"):
-                engine_counters[f'spout_engine_{kind}_tokens_total{{engine="{index}"}}'] = stats[f"{kind}_tokens"]
+        engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         generation = await self._ready()
-        gauges["spout_live_choices"] = len(generation.router.streams)  # engine requests this replica still routes
         total = self.detok.inline_batches + self.detok.pool_batches
-        gauges["spout_detok_inline_share"] = self.detok.inline_batches / total if total else 1.0
-        return PlainTextResponse(self.metrics.render(gauges, engine_counters), media_type="text/plain; version=0.0.4")
+        replica = ReplicaState(live_choices=len(generation.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)
+        return Response(self.metrics.render(engine_stats, replica), media_type=CONTENT_TYPE)

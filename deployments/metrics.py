@@ -1,62 +1,81 @@
-"""Prometheus text exposition for the ingress: counters and histograms, no client library."""
+"""`IngressMetrics`: the replica's Prometheus metrics, built with ``prometheus_client``.
+
+The replica's own counters and histograms live in its own `CollectorRegistry` (never the
+process-global one). ``/metrics`` adds families read at scrape time: one gauge or counter
+family per engine statistic, with one sample per engine (label ``engine``), so the text has
+one ``HELP``/``TYPE`` per family whatever the number of engines.
+"""
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help, self.buckets = name, help_text, buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.buckets, value)] += 1
-        self.total += value
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, count in zip([*self.buckets, "+Inf"], self.counts):
-            cumulative += count
-            lines.append(f'{self.name}_bucket{{le="{bound}"}} {cumulative}')
-        lines += [f"{self.name}_sum {self.total}", f"{self.name}_count {cumulative}"]
-        return lines
+# (stats key, family name, help, kind) for the engines' statistics, one sample per engine.
+ENGINE_FAMILIES = (
+    ("running", "spout_running_requests", "Requests the engine is running.", GaugeMetricFamily),
+    ("waiting", "spout_waiting_requests", "Requests waiting in the engine's queue.", GaugeMetricFamily),
+    ("generated_tokens", "spout_engine_generated_tokens", "Tokens the engine generated.", CounterMetricFamily),
+    ("draft_tokens", "spout_engine_draft_tokens", "Draft tokens the engine proposed by prompt lookup.", CounterMetricFamily),
+    ("accepted_tokens", "spout_engine_accepted_tokens", "Draft tokens the engine accepted.", CounterMetricFamily),
+)
 
 
 class LabeledCounter:
-    def __init__(self, name: str, help_text: str, label: str) -> None:
-        self.name, self.help, self.label = name, help_text, label
-        self.values: Counter[str] = Counter()
+    """A counter with one label, counted by label value."""
 
-    def inc(self, label_value: str, amount: int = 1) -> None:
-        self.values[label_value] += amount
+    def __init__(self, name: str, help_text: str, label: str, registry: CollectorRegistry) -> None:
+        self.counter = Counter(name, help_text, [label], registry=registry)
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        return lines + [f'{self.name}{{{self.label}="{value}"}} {count}' for value, count in sorted(self.values.items())]
+    def inc(self, label_value: str, amount: float = 1) -> None:
+        self.counter.labels(label_value).inc(amount)
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """What the replica reads at scrape time besides its counters."""
+
+    live_choices: int  # engine requests this replica still routes
+    detok_inline_share: float  # share of detok batches done inline, 1 before any
+
+
+class _Scrape:
+    """The registry's families, then the families read at scrape time (a `generate_latest` source)."""
+
+    def __init__(self, registry: CollectorRegistry, families: Iterable[Metric]) -> None:
+        self.registry, self.families = registry, families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        yield from self.families
 
 
 class IngressMetrics:
     def __init__(self) -> None:
-        self.requests = LabeledCounter("spout_requests_total", "HTTP requests by status code.", "status")
-        self.aborts = LabeledCounter("spout_aborts_total", "Engine requests aborted, by cause.", "cause")
-        self.tokens = LabeledCounter("spout_tokens_total", "Prompt and output tokens.", "kind")
-        self.ttft = Histogram("spout_time_to_first_token_seconds", "Request arrival to first output text.", LATENCY_BUCKETS_S)
-        self.itl = Histogram("spout_inter_token_latency_seconds", "Time between streamed deltas, per token.", LATENCY_BUCKETS_S)
-        self.detok_batch = Histogram("spout_detok_batch_requests", "Requests per detokenizer batch.", BATCH_BUCKETS)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = LabeledCounter("spout_requests_total", "HTTP requests by status code.", "status", self.registry)
+        self.aborts = LabeledCounter("spout_aborts_total", "Engine requests aborted, by cause.", "cause", self.registry)
+        self.tokens = LabeledCounter("spout_tokens_total", "Prompt and output tokens.", "kind", self.registry)
+        self.ttft = Histogram("spout_time_to_first_token_seconds", "Request arrival to first output text.", buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.itl = Histogram("spout_inter_token_latency_seconds", "Time between streamed deltas, per token.", buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.detok_batch = Histogram("spout_detok_batch_requests", "Requests per detokenizer batch.", buckets=BATCH_BUCKETS, registry=self.registry)
 
-    def render(self, gauges: dict[str, float], counters: dict[str, float]) -> str:
-        """This replica's metrics, then ``gauges`` and ``counters`` read from elsewhere (the engines)."""
-        lines: list[str] = []
-        for metric in (self.requests, self.aborts, self.tokens, self.ttft, self.itl, self.detok_batch):
-            lines += metric.render()
-        for kind, values in (("gauge", gauges), ("counter", counters)):
-            for name, value in values.items():
-                lines += [f"# TYPE {name.split('{')[0]} {kind}", f"{name} {value}"]
-        return "\n".join(lines) + "\n"
+    def render(self, engine_stats: list[dict[str, int]], replica: ReplicaState) -> bytes:
+        """Prometheus text: this replica's metrics, each engine's statistics (``engine_stats[i]`` for engine ``i``), and ``replica``."""
+        families: list[Metric] = []
+        for key, name, help_text, family in ENGINE_FAMILIES:
+            metric = family(name, help_text, labels=["engine"])
+            for index, stats in enumerate(engine_stats):
+                metric.add_metric([str(index)], stats[key])
+            families.append(metric)
+        families.append(GaugeMetricFamily("spout_live_choices", "Engine requests this replica still routes.", value=replica.live_choices))
+        families.append(
+            GaugeMetricFamily("spout_detok_inline_share", "Share of detokenizer batches done inline in the ingress.", value=replica.detok_inline_share)
+        )
+        return generate_latest(_Scrape(self.registry, families))  # type: ignore[arg-type]

@@ -1,11 +1,16 @@
-"""The ingress's output loop: one per engine, from engine messages to request mailboxes."""
+"""The ingress's output loop: one per engine, from engine messages to request mailboxes.
+
+It also watches each engine's incarnation (in every reply): a changed one means the actor
+was restarted and lost its requests, so the streams added to the old incarnation end at
+once with an ``engine_failed`` error frame. An engine whose poll fails is marked down
+(`Generation` sends it no new requests) until it answers again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 from deployments.detok_pool import DetokClient
@@ -19,14 +24,17 @@ from engine.request import EngineOutput
 logger = logging.getLogger(__name__)
 
 ENGINE_POLL_TIMEOUT_S = 1.0
+ENGINE_CALL_TIMEOUT_S = 30.0  # an engine that answers no call in this long is taken for dead
+ENGINE_FAILED = "the engine serving this request failed; it is being restarted"
 
 
 class OutputRouter:
     """Long-polls each engine for this replica's outputs (one message per step, coalesced
     when the ingress is slower), detokenizes them in one batch, and fills mailboxes.
 
-    A stop string found by the detokenizer finishes the choice here and aborts it in
-    its engine in the same tick; outputs for finished choices are dropped.
+    A stop string found by the detokenizer finishes the choice here; its abort goes to the
+    engine with the next poll (which the engine waits for: see `deployments.step_credits`),
+    as every abort does. Outputs for finished choices are dropped.
     """
 
     def __init__(
@@ -35,18 +43,18 @@ class OutputRouter:
         subscriber: str,
         detok: DetokClient,
         metrics: IngressMetrics,
-        abort: Callable[[int, str], None],
-        on_engine_failure: Callable[[int], None],
     ) -> None:
         self.engines = engines
         self.subscriber = subscriber
         self.detok = detok
         self.metrics = metrics
-        self.abort = abort
-        self.on_engine_failure = on_engine_failure
+        self.pending_aborts: list[list[str]] = [[] for _ in engines]
         self.streams: dict[str, ChoiceStream] = {}
         self.live_per_engine = [0] * len(engines)
         """Registered streams per engine: the load `Generation` balances, kept as they come and go."""
+        self.incarnations: list[int | None] = [None] * len(engines)
+        self.down: set[int] = set()
+        """Engines whose last poll failed: restarting, or gone."""
         # Empty contexts, so that Ray does not cancel the engine polls with the request that
         # happened to start this router (see `TickBatcher`).
         loop = asyncio.get_running_loop()
@@ -60,25 +68,49 @@ class OutputRouter:
         if self.streams.pop(stream.request_id, None) is not None:
             self.live_per_engine[stream.engine_index] -= 1
 
-    def fail_engine_streams(self, engine_index: int, error: APIError) -> None:
+    def abort(self, engine_index: int, request_id: str) -> None:
+        """Abort a request with the next poll of its engine."""
+        self.pending_aborts[engine_index].append(request_id)
+
+    def saw_incarnation(self, engine_index: int, incarnation: int) -> None:
+        """An engine answered: it is up; if it restarted, fail the streams its last life held."""
+        self.down.discard(engine_index)
+        known, self.incarnations[engine_index] = self.incarnations[engine_index], incarnation
+        if known is not None and known != incarnation:
+            logger.error("engine %d restarted", engine_index)
+            self._fail_streams(engine_index, known)
+
+    def _engine_down(self, engine_index: int) -> None:
+        self.down.add(engine_index)
+        known = self.incarnations[engine_index]
+        if known is not None:
+            self._fail_streams(engine_index, known)
+
+    def _fail_streams(self, engine_index: int, incarnation: int) -> None:
+        """End the streams added to ``incarnation`` of an engine, which is gone."""
+        error = APIError(503, ENGINE_FAILED, code="engine_failed")
         for stream in list(self.streams.values()):
-            if stream.engine_index == engine_index and not stream.finished:
+            if stream.engine_index == engine_index and stream.incarnation == incarnation and not stream.finished:
                 stream.finished = True
+                self.metrics.aborts.inc("engine_failure")
                 stream.mailbox.fail(error)
 
     async def _loop(self, engine_index: int) -> None:
         engine = self.engines[engine_index]
         while True:
+            aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
-                outputs = await engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S)  # type: ignore[attr-defined]
-            except Exception as error:  # the actor died; Ray restarts it
-                logger.error("engine %d failed: %s", engine_index, error)
-                self.on_engine_failure(engine_index)
+                poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)  # type: ignore[attr-defined]
+                polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
+            except Exception as error:  # the actor died (Ray restarts it) or hangs
+                logger.error("engine %d failed: %r", engine_index, error)
+                self._engine_down(engine_index)
                 await asyncio.sleep(0.5)
                 continue
-            if outputs:
+            self.saw_incarnation(engine_index, polled.incarnation)
+            if polled.outputs:
                 try:
-                    await self._route(outputs)
+                    await self._route(polled.outputs)
                 except Exception:
                     logger.exception("routing engine outputs failed")
 

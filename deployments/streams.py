@@ -73,7 +73,8 @@ class Mailbox:
 
 @dataclass
 class ChoiceStream:
-    """One engine request: choice ``index`` of an HTTP request, routed to ``engine_index``."""
+    """One engine request: choice ``index`` of an HTTP request, routed to ``engine_index``;
+    ``incarnation``: the engine's, once the add has been answered."""
 
     request_id: str
     index: int
@@ -81,5 +82,6 @@ class ChoiceStream:
     mailbox: Mailbox
     detok_state: DetokState
     finished: bool = False
+    incarnation: int | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

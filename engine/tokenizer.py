@@ -1,7 +1,16 @@
-"""`TextTokenizer`: a `tokenizers.Tokenizer` with the model's special ids and chat template."""
+"""`TextTokenizer`: a `tokenizers.Tokenizer` with the model's special ids and chat template.
+
+Text is text: in a chat, only the template's own markup becomes control tokens; the text of
+a message that spells a special token (``<|im_end|>``) is encoded as ordinary text, so a
+message cannot forge a turn. A completion's string prompt is the client's whole prompt, and
+the special tokens written in it are recognised (`encode`).
+"""
 
 from __future__ import annotations
 
+import itertools
+import re
+import secrets
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -61,5 +70,56 @@ class TextTokenizer:
             raise ChatTemplateError(f"chat template failed: {error}") from error
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """The prompt's token ids; special-token text inside a message's content stays text."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
         # The template writes BOS itself where the model wants one.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        if not any(special in message["content"] for message in messages for special in self._special_texts):
+            return encoding.ids  # every control token comes from the markup
+        return self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text))
+
+    def _encode_with_text_spans(self, text: str, encoding: tokenizers.Encoding, spans: list[tuple[int, int]]) -> list[int]:
+        """``text`` with the control tokens of ``encoding`` that lie outside ``spans`` kept, and everything
+        between them encoded with special-token text read as ordinary text."""
+        markup = [
+            (start, end, token)
+            for token, (start, end) in zip(encoding.ids, encoding.offsets)
+            if token in self._special_ids and not any(start < span_end and span_start < end for span_start, span_end in spans)
+        ]
+        ids: list[int] = []
+        position = 0
+        for start, end, token in markup:
+            ids += self._text_only.encode(text[position:start], add_special_tokens=False).ids if start > position else []
+            ids.append(token)
+            position = end
+        return ids + (self._text_only.encode(text[position:], add_special_tokens=False).ids if position < len(text) else [])
+
+    @cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
+
+    @cached_property
+    def _special_texts(self) -> tuple[str, ...]:
+        return tuple(token.content for token in self.tokenizer.get_added_tokens_decoder().values() if token.special)
+
+    @cached_property
+    def _text_only(self) -> tokenizers.Tokenizer:
+        """A copy of the tokenizer that reads special tokens' text as ordinary text."""
+        copy = tokenizers.Tokenizer.from_str(self.tokenizer.to_str())
+        copy.encode_special_tokens = True
+        return copy
+
+    def _content_spans(self, messages: list[dict[str, str]], add_generation_prompt: bool, text: str) -> list[tuple[int, int]]:
+        """Where the messages' contents lie in ``text`` (the rendered template): the template is rendered
+        again with each content between markers no client can know, then the markers are removed."""
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\x00{nonce}<{i}\x00{m['content']}\x00{nonce}>{i}\x00"} for i, m in enumerate(messages)]
+        rendered = self.apply_chat_template(marked, add_generation_prompt)
+        pieces = re.split(f"\x00{nonce}([<>])\\d+\x00", rendered)  # text, kind, text, kind, ..., text
+        texts, kinds = pieces[0::2], pieces[1::2]
+        if "".join(texts) != text or kinds != ["<", ">"] * (len(kinds) // 2):
+            raise ChatTemplateError(
+                "this model's chat template changes message text, so a message that spells a special token cannot be kept apart from its markup"
+            )
+        ends = list(itertools.accumulate(map(len, texts)))  # a marker after texts[k] sits at ends[k]
+        return [(ends[k], ends[k + 1]) for k in range(0, len(kinds), 2)]

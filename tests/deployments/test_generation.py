@@ -10,6 +10,7 @@ import threading
 from ray.exceptions import ActorDiedError
 
 from deployments.detok_pool import DetokClient
+from deployments.engine_actor import Added, Polled
 from deployments.errors import APIError
 from deployments.generation import Generation
 from deployments.metrics import IngressMetrics
@@ -34,8 +35,9 @@ class _Remote:
 class SlowEngine:
     """Adds after a delay (the caller may be gone by then) and records every call; ``dead``: the actor is restarting."""
 
-    def __init__(self, dead: bool = False) -> None:
+    def __init__(self, dead: bool = False, incarnation: int = 1) -> None:
         self.dead = dead
+        self.incarnation = incarnation
         self.added: list[str] = []
         self.received: list = []
         self.aborted: list[str] = []
@@ -43,20 +45,24 @@ class SlowEngine:
         self.abort_requests = _Remote(self._abort)
         self.get_outputs = _Remote(self._outputs)
 
-    async def _add(self, subscriber: str, requests: list) -> list[None]:
+    async def _add(self, subscriber: str, requests: list) -> Added:
         await asyncio.sleep(0.05)
         if self.dead:
             raise ActorDiedError()
         self.added += [r.request_id for r in requests]
         self.received += requests
-        return [None] * len(requests)
+        return Added(self.incarnation, [None] * len(requests))
 
-    async def _abort(self, request_ids: list[str]) -> None:
+    async def _abort(self, request_ids: list[str]) -> int:
         self.aborted += request_ids
+        return self.incarnation
 
-    async def _outputs(self, subscriber: str, timeout_s: float) -> list:
+    async def _outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
+        self.aborted += aborts
         await asyncio.sleep(timeout_s)
-        return []
+        if self.dead:
+            raise ActorDiedError()
+        return Polled(self.incarnation, [])
 
 
 def new_generation(engine: SlowEngine) -> Generation:
@@ -77,13 +83,14 @@ def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
         await asyncio.sleep(0.01)  # the add is in flight
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0.1)  # the add lands, then the aborts go out
+        while len(engine.aborted) < 4:  # the aborts go out at once, and again with the next poll
+            await asyncio.sleep(0.05)
         return engine, len(generation.router.streams)
 
-    engine, live = asyncio.run(run())
+    engine, live = asyncio.run(asyncio.wait_for(run(), 30))
     assert live == 0
     assert engine.added == ["cmpl-x-0", "cmpl-x-1"]
-    assert sorted(engine.aborted) == engine.added
+    assert sorted(engine.aborted) == sorted(engine.added * 2)
 
 
 def test_a_submit_to_a_restarting_engine_is_a_503():
@@ -144,3 +151,47 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
     assert loop_thread not in threads
     assert len(engine.received) == 6 and all(r.strings == expected for r in engine.received)
     assert len({id(r.strings) for r in engine.received}) == 1
+
+
+def test_a_restarted_engine_ends_the_streams_of_its_old_life_and_keeps_the_new_ones():
+    """The restart is seen in a reply's incarnation (no call failed): the choices added before it
+    fail with engine_failed at once; choices added after it stream on."""
+
+    async def run() -> None:
+        engine = SlowEngine(incarnation=1)
+        generation = new_generation(engine)
+        old = await submit(generation)
+        engine.incarnation = 2  # Ray restarted the actor; the next poll says so
+        try:
+            await asyncio.wait_for(old.mailbox.take(), 30)
+        except APIError as error:
+            assert (error.status, error.code) == (503, "engine_failed")
+        else:
+            raise AssertionError("the old stream did not fail")
+        new = await submit(generation)
+        assert [s.incarnation for s in new.streams] == [2, 2]
+        assert not any(s.finished for s in new.streams)
+        assert generation.router.incarnations == [2]
+
+    asyncio.run(run())
+
+
+def test_new_requests_skip_an_engine_whose_poll_fails_until_it_answers_again():
+    async def run() -> None:
+        engines = [SlowEngine(dead=True), SlowEngine()]
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
+        generation = Generation(engines, "sub", TOKENIZER, detok, IngressMetrics())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while 0 not in generation.router.down:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.05)
+        for _ in range(3):  # engine 0 has fewer live choices, but it is down
+            assert [s.engine_index for s in (await submit(generation)).streams] == [1, 1]
+        engines[0].dead = False
+        while 0 in generation.router.down:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.05)
+        assert [s.engine_index for s in (await submit(generation)).streams] == [0, 0]
+
+    asyncio.run(asyncio.wait_for(run(), 60))

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from deployments.detok_pool import DetokClient
+from deployments.engine_actor import Polled
 from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
@@ -37,19 +38,21 @@ def test_merge_outputs_keeps_order_and_the_last_finish():
 
 class ScriptedEngine:
     """An engine handle whose long poll returns ``messages`` one per call, then sets ``drained``
-    (every message has been routed) and never returns."""
+    (every message has been routed) and never returns; ``aborts``: those that came with the polls."""
 
     def __init__(self, messages: list[list[EngineOutput]]) -> None:
         self.get_outputs = self
         self.messages = iter(messages)
         self.drained = asyncio.Event()
+        self.aborts: list[str] = []
 
-    async def remote(self, *args: object) -> list[EngineOutput]:
+    async def remote(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
+        self.aborts += aborts
         message = next(self.messages, None)
         if message is None:
             self.drained.set()
             await asyncio.Event().wait()
-        return message
+        return Polled(1, message)
 
 
 def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
@@ -63,16 +66,15 @@ def route_to_mailbox(messages: list[list[EngineOutput]], params: SamplingParams)
     """Feed engine messages through an OutputRouter to one choice's mailbox; that mailbox and the aborts."""
 
     async def run() -> tuple[Mailbox, list[str]]:
-        aborts: list[str] = []
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")
         stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params))
         engine = ScriptedEngine(messages)
-        router = OutputRouter([engine], "sub", detok, IngressMetrics(), lambda _, rid: aborts.append(rid), lambda _: None)
+        router = OutputRouter([engine], "sub", detok, IngressMetrics())
         router.register(stream)  # before the router's first poll runs
         await asyncio.wait_for(engine.drained.wait(), 30)
-        return mailbox, aborts
+        return mailbox, engine.aborts
 
     return asyncio.run(run())
 

@@ -13,7 +13,7 @@ import ray
 
 from bench.serve_cluster import ServeCluster
 from deployments import build_app
-from deployments.ingress import ENGINE_NAMESPACE
+from deployments.ingress import ENGINE_NAMESPACE, engine_name
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
@@ -27,7 +27,7 @@ class Server:
     api_key: str
 
     def engine(self, index: int = 0):
-        return ray.get_actor(f"spout-engine-{self.model}-{index}", namespace=ENGINE_NAMESPACE)
+        return ray.get_actor(engine_name("spout", self.model, index), namespace=ENGINE_NAMESPACE)
 
     def http(self, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"}
@@ -45,7 +45,17 @@ def server() -> Iterator[Server]:
     """Under Serve's throughput-optimized option, as README recommends: the ingress replica
     serves HTTP itself on loopback (direct ingress), and the tests talk to it there."""
     with ServeCluster("throughput_optimized") as cluster:
-        app = build_app({"model": MODEL, "max_num_seqs": 32, "max_model_len": 1024, "api_key": API_KEY, "max_body_bytes": 65536, "inline_detok_threshold": 8})
+        app = build_app(
+            {
+                "model": MODEL,
+                "max_num_seqs": 32,
+                "max_model_len": 1024,
+                "api_key": API_KEY,
+                "max_body_bytes": 65536,
+                "inline_detok_threshold": 8,
+                "max_client_speculative_tokens": 16,
+            }
+        )
         port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
         base_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

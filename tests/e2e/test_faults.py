@@ -1,4 +1,5 @@
-"""Faults: a detokenizer replica dies under 256 streams; the engine actor dies mid-stream.
+"""Faults: a detokenizer replica dies under 256 streams; the engine actor dies mid-stream; the
+engine actors belong to the application, not to an ingress replica.
 
 CI runs 256 streams of 8 tokens; ``SPOUT_E2E_FULL=1`` runs them with 48 tokens each.
 """
@@ -11,6 +12,7 @@ import time
 import httpx
 import ray
 
+from deployments.ingress import engine_name
 from tests.e2e.probes import FULL_SIZE, greedy_body, greedy_text, serve_replicas, sse_payloads
 
 NUM_STREAMS = 256
@@ -121,3 +123,10 @@ def test_engine_dies_mid_stream_then_recovers(server):
         assert set(statuses) <= {200, 503}, statuses
         assert response.json()["choices"][0]["text"] == expected
         assert greedy_text(http, server.model) == expected
+
+
+def test_the_engine_belongs_to_the_application_not_to_an_ingress_replica(server):
+    """Detached, so it outlives every ingress replica (one owned by a replica would die with it)."""
+    name = engine_name("spout", server.model, 0)
+    [engine] = [a for a in ray._private.state.actors().values() if a["Name"] == name and a["State"] == "ALIVE"]
+    assert engine["IsDetached"]

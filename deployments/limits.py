@@ -1,0 +1,137 @@
+"""`RequestLimits`: what one request may cost, set by the operator; the checks that enforce them.
+
+The ingress runs these checks on a validated request before it tokenizes, builds or sends
+anything: each refusal is an `APIError` (400, or 413 for sizes; 503 when the replica has too
+many choices in flight) whose ``param`` names the request field and whose message names the
+limit and its configuration key. Text sizes are counted in UTF-8 bytes, which bound the
+tokens a byte-level tokenizer can make of them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.errors import APIError
+from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
+
+LIMIT_EXCEEDED = "limit_exceeded"
+
+
+class RequestLimits(BaseModel):
+    """Per-request bounds; `deployments.config.ServeArgs` inherits them as flat options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_choices_per_request: int = Field(64, ge=1, le=MAX_N * 64, description="Prompts × n in one request.")
+    max_choices_in_flight: int = Field(2048, ge=1, description="Choices an ingress replica streams at once; more get 503.")
+    max_prompt_bytes: int = Field(262_144, ge=1, description="UTF-8 bytes of one text prompt (all chat message text together).")
+    max_stop_strings: int = Field(16, ge=0)
+    max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")
+    max_bad_words: int = Field(64, ge=0)
+    max_bad_words_bytes: int = Field(2048, ge=0, description="UTF-8 bytes of all bad words together.")
+    max_logit_bias: int = Field(1024, ge=0, description="Entries of logit_bias.")
+    max_allowed_token_ids: int = Field(16_384, ge=0)
+    max_stop_token_ids: int = Field(64, ge=0)
+    max_dry_breakers: int = Field(16, ge=0, description="Entries of dry_sequence_breakers.")
+    max_dry_breakers_bytes: int = Field(64, ge=0, description="UTF-8 bytes of all DRY sequence breakers together.")
+    max_negative_prompt_bytes: int = Field(32_768, ge=0)
+    max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
+    max_echo_choices: int = Field(16, ge=1, description="Choices of a request with echo (each carries its prompt's text).")
+    max_client_speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="The most num_speculative_tokens a client may ask for beyond the server's own; 0: clients cannot turn speculation on.",
+    )
+    max_json_depth: int = Field(32, ge=2, le=512, description="Nesting of arrays and objects in a request body.")
+
+
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _over(param: str, what: str, value: int, limit: int, key: str, status: int = 400) -> APIError:
+    return APIError(status, f"{param}: {value} {what} is over this server's limit of {limit} ({key})", param=param, code=LIMIT_EXCEEDED)
+
+
+def _check_count(param: str, what: str, value: int, limit: int, key: str) -> None:
+    if value > limit:
+        raise _over(param, what, value, limit, key)
+
+
+def check_sampling(limits: RequestLimits, params: SamplingParams, choices: int, server_speculative_tokens: int) -> None:
+    """The bounds on ``params`` for a request of ``choices`` choices (prompts × n)."""
+    _check_count("n", "choices (prompts × n)", choices, limits.max_choices_per_request, "max_choices_per_request")
+    _check_count("stop", "stop strings", len(params.stop), limits.max_stop_strings, "max_stop_strings")
+    _check_count("stop", "bytes of stop strings", sum(map(utf8_size, params.stop)), limits.max_stop_bytes, "max_stop_bytes")
+    _check_count("bad_words", "bad words", len(params.bad_words), limits.max_bad_words, "max_bad_words")
+    _check_count("bad_words", "bytes of bad words", sum(map(utf8_size, params.bad_words)), limits.max_bad_words_bytes, "max_bad_words_bytes")
+    _check_count("logit_bias", "entries", len(params.logit_bias), limits.max_logit_bias, "max_logit_bias")
+    _check_count("allowed_token_ids", "token ids", len(params.allowed_token_ids or ()), limits.max_allowed_token_ids, "max_allowed_token_ids")
+    _check_count("stop_token_ids", "token ids", len(params.stop_token_ids), limits.max_stop_token_ids, "max_stop_token_ids")
+    breakers = params.dry_sequence_breakers
+    _check_count("dry_sequence_breakers", "breakers", len(breakers), limits.max_dry_breakers, "max_dry_breakers")
+    _check_count("dry_sequence_breakers", "bytes of breakers", sum(map(utf8_size, breakers)), limits.max_dry_breakers_bytes, "max_dry_breakers_bytes")
+    negative = utf8_size(params.negative_prompt or "")
+    if negative > limits.max_negative_prompt_bytes:
+        raise _over("negative_prompt", "bytes", negative, limits.max_negative_prompt_bytes, "max_negative_prompt_bytes", status=413)
+    entries = (params.logprobs or 0) * choices
+    _check_count("logprobs", "logprob entries per step (logprobs × choices)", entries, limits.max_logprob_entries, "max_logprob_entries")
+    _check_speculation(limits, params, server_speculative_tokens)
+
+
+def _check_speculation(limits: RequestLimits, params: SamplingParams, server_speculative_tokens: int) -> None:
+    """A speculating request makes its engine's steps synchronous for every request on it, so a
+    client may ask for no more drafts than the server makes anyway or the operator allows."""
+    asked = params.num_speculative_tokens
+    allowed = max(limits.max_client_speculative_tokens, server_speculative_tokens)
+    if asked is not None and asked > allowed:
+        raise APIError(
+            400,
+            f"num_speculative_tokens: {asked} is over this server's limit of {allowed} (max_client_speculative_tokens; "
+            "speculation makes the engine's steps synchronous for every request)",
+            param="num_speculative_tokens",
+            code=LIMIT_EXCEEDED,
+        )
+
+
+def check_prompts(limits: RequestLimits, prompts: list[str | list[int]], max_model_len: int) -> None:
+    """Text prompts by UTF-8 size, token-id prompts by length, before anything is tokenized."""
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            size = utf8_size(prompt)
+            if size > limits.max_prompt_bytes:
+                raise _over("prompt", "bytes", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+        else:
+            check_context_length(len(prompt), max_model_len)
+
+
+def check_context_length(num_tokens: int, max_model_len: int) -> None:
+    """413 for a prompt that leaves no room for an output token."""
+    if num_tokens >= max_model_len:
+        raise APIError(
+            413, f"the prompt has {num_tokens} tokens; this model's context is {max_model_len} tokens", param="prompt", code="context_length_exceeded"
+        )
+
+
+def check_messages(limits: RequestLimits, texts: list[str]) -> None:
+    """Chat message text, all messages together, by UTF-8 size."""
+    size = sum(map(utf8_size, texts))
+    if size > limits.max_prompt_bytes:
+        raise _over("messages", "bytes of message text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+
+
+def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:
+    if echo and choices > limits.max_echo_choices:
+        raise _over("echo", "choices with echo", choices, limits.max_echo_choices, "max_echo_choices")
+
+
+def check_in_flight(limits: RequestLimits, in_flight: int, choices: int) -> None:
+    """503 when this replica already streams so many choices that ``choices`` more would pass the limit."""
+    if in_flight + choices > limits.max_choices_in_flight:
+        raise APIError(
+            503,
+            f"this server replica is streaming {in_flight} choices; {choices} more would pass its limit of "
+            f"{limits.max_choices_in_flight} (max_choices_in_flight): retry later",
+            code="too_many_choices_in_flight",
+        )

@@ -1,0 +1,34 @@
+"""`PromptEncoder`: client text to token ids on a few worker threads, never on the ingress event loop.
+
+Tokenizing a long prompt or rendering a chat template costs milliseconds; on the event loop
+every other stream of the replica would wait. Each request's prompts are encoded once, in one
+job, on a small bounded pool, so a burst of large prompts queues there instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from engine.tokenizer import TextTokenizer
+
+ENCODE_WORKERS = 2
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer: TextTokenizer, workers: int = ENCODE_WORKERS) -> None:
+        self.tokenizer = tokenizer
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spout-encode")
+
+    async def prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Text prompts encoded (special tokens written in them recognised); token-id prompts as given."""
+        if all(isinstance(p, list) for p in prompts):
+            return prompts  # type: ignore[return-value]
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._encode_all, prompts)
+
+    async def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        """The chat template's prompt for ``messages``; raises `engine.tokenizer.ChatTemplateError`."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.tokenizer.encode_chat, messages, add_generation_prompt)
+
+    def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]

@@ -1,0 +1,123 @@
+"""Every `RequestLimits` bound refuses just over its limit, names the field and the limit, and admits at it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import ServeArgs
+from deployments.errors import APIError
+from deployments.limits import RequestLimits, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from sampling.params import SamplingParams
+
+LIMITS = RequestLimits(
+    max_choices_per_request=8,
+    max_stop_strings=3,
+    max_stop_bytes=12,
+    max_bad_words=3,
+    max_bad_words_bytes=12,
+    max_logit_bias=4,
+    max_allowed_token_ids=4,
+    max_stop_token_ids=4,
+    max_dry_breakers=5,
+    max_dry_breakers_bytes=8,
+    max_negative_prompt_bytes=10,
+    max_logprob_entries=10,
+    max_client_speculative_tokens=2,
+    max_prompt_bytes=10,
+    max_echo_choices=2,
+    max_choices_in_flight=10,
+)
+
+# (request field, limit key, params at the limit, params just over it, choices)
+SAMPLING_CASES = [
+    ("n", "max_choices_per_request", {"n": 8}, {"n": 9}, None),
+    ("stop", "max_stop_strings", {"stop": ["a", "b", "c"]}, {"stop": ["a", "b", "c", "d"]}, 1),
+    ("stop", "max_stop_bytes", {"stop": ["é" * 6]}, {"stop": ["é" * 6, "x"]}, 1),
+    ("bad_words", "max_bad_words", {"bad_words": ["a", "b", "c"]}, {"bad_words": ["a", "b", "c", "d"]}, 1),
+    ("bad_words", "max_bad_words_bytes", {"bad_words": ["x" * 12]}, {"bad_words": ["x" * 13]}, 1),
+    ("logit_bias", "max_logit_bias", {"logit_bias": {i: 1.0 for i in range(4)}}, {"logit_bias": {i: 1.0 for i in range(5)}}, 1),
+    ("allowed_token_ids", "max_allowed_token_ids", {"allowed_token_ids": [1, 2, 3, 4]}, {"allowed_token_ids": [1, 2, 3, 4, 5]}, 1),
+    ("stop_token_ids", "max_stop_token_ids", {"stop_token_ids": [1, 2, 3, 4]}, {"stop_token_ids": [1, 2, 3, 4, 5]}, 1),
+    ("dry_sequence_breakers", "max_dry_breakers", {"dry_sequence_breakers": list("abcde")}, {"dry_sequence_breakers": list("abcdef")}, 1),
+    ("dry_sequence_breakers", "max_dry_breakers_bytes", {"dry_sequence_breakers": ["🙂", "🙂"]}, {"dry_sequence_breakers": ["🙂", "🙂", "!"]}, 1),
+    ("negative_prompt", "max_negative_prompt_bytes", {"negative_prompt": "x" * 10}, {"negative_prompt": "x" * 11}, 1),
+    ("logprobs", "max_logprob_entries", {"logprobs": 5, "n": 2}, {"logprobs": 4, "n": 3}, None),
+    ("num_speculative_tokens", "max_client_speculative_tokens", {"num_speculative_tokens": 2}, {"num_speculative_tokens": 3}, 1),
+]
+
+
+@pytest.mark.parametrize(("param", "key", "at_limit", "over", "choices"), SAMPLING_CASES, ids=[c[1] for c in SAMPLING_CASES])
+def test_sampling_limit(param, key, at_limit, over, choices):
+    def check(fields: dict) -> None:
+        params = SamplingParams(**fields)
+        check_sampling(LIMITS, params, params.n if choices is None else choices, server_speculative_tokens=0)
+
+    check(at_limit)
+    with pytest.raises(APIError) as refused:
+        check(over)
+    error = refused.value
+    assert (error.status, error.param, error.code) == (413 if key == "max_negative_prompt_bytes" else 400, param, "limit_exceeded")
+    assert key in error.message and str(getattr(LIMITS, key)) in error.message
+
+
+def test_choices_count_every_prompt():
+    check_sampling(LIMITS, SamplingParams(n=2), choices=8, server_speculative_tokens=0)
+    with pytest.raises(APIError, match="max_choices_per_request"):
+        check_sampling(LIMITS, SamplingParams(n=2), choices=10, server_speculative_tokens=0)
+
+
+def test_speculation_up_to_the_servers_own_is_allowed():
+    no_client_speculation = LIMITS.model_copy(update={"max_client_speculative_tokens": 0})
+    check_sampling(no_client_speculation, SamplingParams(num_speculative_tokens=0), 1, server_speculative_tokens=0)
+    check_sampling(no_client_speculation, SamplingParams(num_speculative_tokens=4), 1, server_speculative_tokens=4)
+    with pytest.raises(APIError, match="synchronous") as refused:
+        check_sampling(no_client_speculation, SamplingParams(num_speculative_tokens=1), 1, server_speculative_tokens=0)
+    assert refused.value.param == "num_speculative_tokens"
+
+
+def test_prompt_bytes_before_tokenizing():
+    check_prompts(LIMITS, ["x" * 10, [1] * 50], max_model_len=64)
+    for too_big in (["é" * 6], ["ok", "x" * 11]):
+        with pytest.raises(APIError, match="max_prompt_bytes") as refused:
+            check_prompts(LIMITS, too_big, max_model_len=64)
+        assert (refused.value.status, refused.value.param) == (413, "prompt")
+    with pytest.raises(APIError, match="context") as refused:
+        check_prompts(LIMITS, [[1] * 64], max_model_len=64)
+    assert (refused.value.status, refused.value.code) == (413, "context_length_exceeded")
+
+
+def test_chat_message_bytes_together():
+    check_messages(LIMITS, ["x" * 5, "y" * 5])
+    with pytest.raises(APIError, match="max_prompt_bytes") as refused:
+        check_messages(LIMITS, ["x" * 5, "y" * 6])
+    assert (refused.value.status, refused.value.param) == (413, "messages")
+
+
+def test_echo_choices():
+    check_echo(LIMITS, echo=True, choices=2)
+    check_echo(LIMITS, echo=False, choices=8)
+    with pytest.raises(APIError, match="max_echo_choices") as refused:
+        check_echo(LIMITS, echo=True, choices=3)
+    assert refused.value.param == "echo"
+
+
+def test_choices_in_flight_per_replica():
+    check_in_flight(LIMITS, in_flight=6, choices=4)
+    with pytest.raises(APIError, match="max_choices_in_flight") as refused:
+        check_in_flight(LIMITS, in_flight=7, choices=4)
+    assert (refused.value.status, refused.value.code) == (503, "too_many_choices_in_flight")
+
+
+def test_limits_are_serve_options():
+    args = ServeArgs(max_stop_strings="2")
+    assert isinstance(args, RequestLimits) and args.max_stop_strings == 2
+    defaults = ServeArgs()
+    assert defaults.max_choices_per_request * 8 <= defaults.max_waiting_requests  # one request cannot fill the queue
+    assert defaults.max_client_speculative_tokens == 0
+
+
+def test_one_request_cannot_fill_the_waiting_queue():
+    ServeArgs(max_choices_per_request=64, max_waiting_requests=256)
+    with pytest.raises(ValidationError, match="max_choices_per_request"):
+        ServeArgs(max_choices_per_request=65, max_waiting_requests=256)
