@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.request import EngineOutput
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +51,8 @@ class NewRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    strings: TokenizedStrings | None = None
+    """The request's bad words, DRY breakers and negative prompt as ids (None: it has none)."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class EngineActor:
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings)
         except InvalidRequestError as error:
             return str(error)
         self.owners[request.request_id] = subscriber
@@ -243,8 +246,10 @@ class EngineActor:
                     self.num_late_subscribers += len(self.credits.wait_to_start(self.num_steps))
                     self._apply_commands()
         except BaseException:
-            # A failed step leaves the engine in an unknown state: end the process so
-            # Ray restarts the actor and ingresses fail its requests with an error frame.
+            # A request's own failure is an error output, never raised by step(): what is raised
+            # belongs to no single request (device, memory, the batched pass) and leaves the engine
+            # in an unknown state, so end the process; Ray restarts the actor and ingresses fail
+            # its requests with an error frame.
             logger.exception("engine step failed; restarting the engine actor")
             os._exit(1)
 

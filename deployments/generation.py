@@ -21,6 +21,7 @@ from deployments.tick_batcher import TickBatcher
 from detok import initial_state
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
+from sampling.tokenized import has_strings, tokenize_strings
 
 
 @dataclass
@@ -94,6 +95,8 @@ class Generation:
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
         """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
+        # Once per HTTP request, on a worker thread: the event loop and the engine thread never tokenize them.
+        strings = await asyncio.to_thread(tokenize_strings, params, self.tokenizer.encode) if has_strings(params) else None
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval)
         streams, requests, echo_texts = [], [], []
@@ -105,7 +108,7 @@ class Generation:
                 choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
                 request_id = f"{format.request_id}-{index}"
                 streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state))
-                requests.append(NewRequest(request_id, prompt, choice_params))
+                requests.append(NewRequest(request_id, prompt, choice_params, strings))
                 echo_texts.append(prompt_text)
         for stream in streams:
             self.router.register(stream)

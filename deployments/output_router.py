@@ -135,6 +135,11 @@ class OutputRouter:
         if stream.finished:  # e.g. the client left while the batch was being detokenized
             return
         stream.detok_state = result.state
+        if output.error is not None:  # the engine failed this request alone; it is finished there
+            stream.finished = True
+            status, code = (400, "invalid_request") if output.error.client_fault else (500, "engine_request_failed")
+            stream.mailbox.fail(APIError(status, output.error.message, code=code))
+            return
         if result.error is not None:
             stream.finished = True
             stream.mailbox.fail(APIError(500, f"detokenization failed: {result.error}", code="detokenization_error"))
@@ -172,7 +177,7 @@ def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:
         first.new_token_ids.extend(output.new_token_ids)
         if output.logprobs is not None:
             first.logprobs = (first.logprobs or []) + output.logprobs
-        first.finish_reason, first.stop_reason = output.finish_reason, output.stop_reason
+        first.finish_reason, first.stop_reason, first.error = output.finish_reason, output.stop_reason, output.error
         first.num_draft_tokens += output.num_draft_tokens
         first.num_accepted_tokens += output.num_accepted_tokens
     return list(merged.values())

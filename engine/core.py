@@ -5,17 +5,22 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+import torch
+
 from engine.config import EngineConfig
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
-from engine.request import EngineOutput, FinishReason, Guidance, Request, check_stop
+from engine.request import EngineOutput, FinishReason, Guidance, Request, RequestError, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings, has_strings
 
 logger = logging.getLogger(__name__)
 
 FINISHED_COUNTS_KEPT = 10_000
+ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError, torch.AcceleratorError)
+"""Failures that belong to no single request: raised out of `EngineCore.step`, never pinned on one."""
 
 
 class InvalidRequestError(ValueError):
@@ -28,6 +33,12 @@ class EngineCore:
     ``step()`` runs one flat batch and returns an `EngineOutput` for every request
     that produced tokens or finished (abort included) since the last step. A
     finished or aborted request's slot is free before the next step is scheduled.
+
+    Work done for one request at a time (admission to the sampling batch, drafting,
+    appending tokens, stop checks) that raises fails that request alone: it finishes
+    with `FinishReason.ERROR` and the step goes on for the others. The batched forward
+    pass and sampler cannot be pinned on one request (and `ENGINE_FAULTS` belong to no
+    request): those exceptions leave ``step()``, and the engine must be replaced.
     """
 
     def __init__(self, config: EngineConfig | None = None, checkpoint: Checkpoint | None = None) -> None:
@@ -66,22 +77,37 @@ class EngineCore:
             return len(self.requests[request_id].output_token_ids)
         return self.finished_generated_counts[request_id]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None) -> None:
         """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run.
 
+        strings: the request's bad words, DRY breakers and negative prompt as ids, from
+        `tokenize_strings` (the engine never tokenizes); None when it has none (`has_strings`).
         ``params.n`` is not looked at: the ingress adds one engine request per choice.
         """
-        self._validate(request_id, prompt_token_ids, params)
-        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
+        if strings is None:
+            if has_strings(params):
+                raise InvalidRequestError("bad_words, DRY and negative_prompt need the request's TokenizedStrings (tokenize_strings)")
+            strings = TokenizedStrings()
+        self._validate(request_id, prompt_token_ids, params, strings)
+        try:
+            request = self._build(request_id, prompt_token_ids, params, strings)
+        except (InvalidRequestError, *ENGINE_FAULTS):
+            raise
+        except Exception as error:
+            raise InvalidRequestError(f"the request could not be set up: {error}") from error
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def _build(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> Request:
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params, strings=strings)
         if self._num_speculative_tokens(params) > 0:
             min_n = params.prompt_lookup_min or self.config.prompt_lookup_min
             request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
         if params.guidance_scale != 1.0:
-            request.guidance = self._guidance(request, params)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
+            request.guidance = self._guidance(request)
+        return request
 
-    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -93,9 +119,7 @@ class EngineCore:
             )
         if params.prompt_logprobs is not None:
             raise InvalidRequestError("prompt_logprobs is not supported yet")
-        if params.allowed_token_ids is not None and any(
-            len(self.tokenizer.encode(text, add_special_tokens=False)) > 1 for word in params.bad_words for text in (word, f" {word}")
-        ):
+        if params.allowed_token_ids is not None and any(len(sequence) > 1 for sequence in strings.bad_words):
             # The sampler would find mid-generation that no token is left, failing the whole step.
             raise InvalidRequestError("allowed_token_ids cannot be combined with bad_words of more than one token")
         vocab_size = self.model_config.vocab_size
@@ -103,25 +127,24 @@ class EngineCore:
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
         try:
-            self.runner.validate(params, self.tokenizer.encode)
+            self.runner.validate(params, strings)
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
 
-    def _guidance(self, request: Request, params: SamplingParams) -> Guidance:
+    def _guidance(self, request: Request) -> Guidance:
         """The companion of a guided request; raises `InvalidRequestError` if it cannot run."""
         if self.config.max_num_seqs < 2 or self.config.max_num_batched_tokens < 2:
             raise InvalidRequestError("guidance_scale needs max_num_seqs >= 2 and max_num_batched_tokens >= 2 (two sequences per step)")
-        negative_prompt = self._negative_prompt(params)
+        negative_prompt = self._negative_prompt(request.strings)
         if len(negative_prompt) >= self.max_model_len:
             raise InvalidRequestError(f"the negative prompt has {len(negative_prompt)} tokens; the context holds {self.max_model_len}")
-        companion = Request(f"{request.request_id}#unconditional", negative_prompt, params, request.output_token_ids)
-        return Guidance(params.guidance_scale, companion)
+        companion = Request(f"{request.request_id}#unconditional", negative_prompt, request.params, request.output_token_ids)
+        return Guidance(request.params.guidance_scale, companion)
 
-    def _negative_prompt(self, params: SamplingParams) -> list[int]:
+    def _negative_prompt(self, strings: TokenizedStrings) -> list[int]:
         """The unconditional prompt's ids: ``negative_prompt``, or the bare BOS (EOS if the model has none)."""
-        token_ids = self.tokenizer.encode(params.negative_prompt) if params.negative_prompt else []
-        if token_ids:
-            return token_ids
+        if strings.negative_prompt:
+            return list(strings.negative_prompt)
         bos = self.tokenizer.bos_token_id
         return [bos if bos is not None else self.tokenizer.eos_token_ids[0]]
 
@@ -151,11 +174,9 @@ class EngineCore:
             outputs += self._collect(self.in_flight)
             self.in_flight = None
         self._draft()
-        step = self.scheduler.schedule()
+        step = self.scheduler.schedule(self._admit)
         launched = None
         if step.requests:
-            for request in step.admitted:
-                self.runner.add_request(request, self.tokenizer.encode)
             launched = self.runner.launch(step, self.in_flight)
             for sequence, chunk in zip(step.requests, step.chunks):
                 sequence.num_computed_tokens += chunk.num_tokens
@@ -166,18 +187,44 @@ class EngineCore:
             ready, self.in_flight = self.in_flight, launched
         if ready is not None:
             outputs += self._collect(ready)
-        return outputs
+        failed, self.pending_outputs = self.pending_outputs, []  # failed while drafting or admitted
+        return outputs + failed
+
+    def _admit(self, request: Request) -> bool:
+        """Give the request (just handed its slots) its sampling row; False if that failed it."""
+        try:
+            self.runner.add_request(request)
+        except Exception as error:
+            self.pending_outputs.append(self._fail(request, error))
+            return False
+        return True
+
+    def _fail(self, request: Request, error: Exception) -> EngineOutput:
+        """Finish ``request`` with ``error``, unless the error belongs to no request (re-raised)."""
+        if isinstance(error, ENGINE_FAULTS):
+            raise error
+        logger.warning("request %s failed in the engine", request.request_id, exc_info=error)
+        if isinstance(error, ValueError):
+            reason = RequestError(str(error), client_fault=True)
+        else:
+            reason = RequestError(f"the engine failed on this request ({type(error).__name__}: {error})", client_fault=False)
+        output = self._finish(request, FinishReason.ERROR, None, new_token_ids=[])
+        output.error = reason
+        return output
 
     def _draft(self) -> None:
         """Propose drafts for speculating requests about to decode with every token on the host."""
-        for request in self.scheduler.running:
+        for request in list(self.scheduler.running):
             request.draft_token_ids = []
             index = request.ngram_index
             if index is None or request.num_placeholders or request.num_computed_tokens != request.num_tokens - 1:
                 continue
             new_tokens = request.token_ids(len(index.tokens), request.num_tokens)
             max_drafts = min(self._num_speculative_tokens(request.params), request.room_to_grow(self.max_model_len) - 1)
-            request.draft_token_ids = index.propose(new_tokens, max_drafts)
+            try:
+                request.draft_token_ids = index.propose(new_tokens, max_drafts)
+            except Exception as error:
+                self.pending_outputs.append(self._fail(request, error))
 
     def _collect(self, in_flight: InFlightStep) -> list[EngineOutput]:
         outputs = []
@@ -186,18 +233,25 @@ class EngineCore:
             _add_placeholders(request, -1)
             if request.finished:  # finished or aborted while this step ran
                 continue
-            num_accepted = len(sampled.token_ids) - 1
-            for sequence in request.sequences:
-                sequence.num_computed_tokens -= len(drafts) - num_accepted  # the rejected drafts' cache entries are dead
-            request.num_draft_tokens += len(drafts)
-            request.num_accepted_tokens += num_accepted
-            self.num_draft_tokens += len(drafts)
-            self.num_accepted_tokens += num_accepted
-            output = self._append_tokens(request, sampled)
-            output.num_draft_tokens, output.num_accepted_tokens = len(drafts), num_accepted
-            self.num_generated_tokens += len(output.new_token_ids)
-            outputs.append(output)
+            try:
+                outputs.append(self._accept(request, drafts, sampled))
+            except Exception as error:
+                outputs.append(self._fail(request, error))
         return outputs
+
+    def _accept(self, request: Request, drafts: list[int], sampled: SampledTokens) -> EngineOutput:
+        """Take one request's results of a step: its accepted drafts and sampled tokens, up to a stop."""
+        num_accepted = len(sampled.token_ids) - 1
+        for sequence in request.sequences:
+            sequence.num_computed_tokens -= len(drafts) - num_accepted  # the rejected drafts' cache entries are dead
+        request.num_draft_tokens += len(drafts)
+        request.num_accepted_tokens += num_accepted
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += num_accepted
+        output = self._append_tokens(request, sampled)
+        output.num_draft_tokens, output.num_accepted_tokens = len(drafts), num_accepted
+        self.num_generated_tokens += len(output.new_token_ids)
+        return output
 
     def _append_tokens(self, request: Request, sampled: SampledTokens) -> EngineOutput:
         """Append the step's tokens up to the first stop; the rest (and their logprobs) are dropped."""

@@ -9,11 +9,12 @@ import sys
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 
 
 def generate(engine: EngineCore, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
     """Run one request to completion and return its output token ids."""
-    engine.add_request("generate", prompt_token_ids, params)
+    engine.add_request("generate", prompt_token_ids, params, tokenize_strings(params, engine.tokenizer.encode))
     output_ids: list[int] = []
     while engine.has_unfinished_requests():
         for output in engine.step():

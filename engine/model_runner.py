@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -19,6 +18,7 @@ from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler, SamplerOutput
+from sampling.tokenized import TokenizedStrings
 
 logger = logging.getLogger(__name__)
 
@@ -160,13 +160,13 @@ class ModelRunner:
             first_row += rows
         return sampled
 
-    def validate(self, params: SamplingParams, encode: Callable[[str], list[int]]) -> None:
+    def validate(self, params: SamplingParams, strings: TokenizedStrings) -> None:
         """Raise ``ValueError`` if the sampler cannot take ``params`` (checked before a request is queued)."""
-        self.sampling_batch.validate(params, encode)
+        self.sampling_batch.validate(params, strings)
 
-    def add_request(self, request: Request, encode: Callable[[str], list[int]]) -> None:
+    def add_request(self, request: Request) -> None:
         assert request.slot is not None
-        self.sampling_batch.add_request(request.slot, request.params, request.prompt_token_ids, encode=encode)
+        self.sampling_batch.add_request(request.slot, request.params, request.prompt_token_ids, request.strings)
 
     def remove_request(self, slot: int) -> None:
         self.sampling_batch.remove_request(slot)

@@ -8,12 +8,15 @@ from typing import NamedTuple
 
 from engine.ngram_drafter import NgramIndex
 from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 
 class FinishReason(str, Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"
+    """The request failed inside the engine (`EngineOutput.error` says why); the others went on."""
 
 
 @dataclass
@@ -22,6 +25,8 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     output_token_ids: list[int] = field(default_factory=list)
+    strings: TokenizedStrings = field(default_factory=TokenizedStrings)
+    """The request's bad words, DRY breakers and negative prompt as ids, tokenized by the caller."""
     slot: int | None = None
     num_computed_tokens: int = 0
     """Tokens whose keys and values are in the cache (or being written by a launched step)."""
@@ -35,6 +40,11 @@ class Request:
     guidance: Guidance | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    stop_token_ids: frozenset[int] = field(init=False)
+    """``params.stop_token_ids`` as a set, built once: checked after every token."""
+
+    def __post_init__(self) -> None:
+        self.stop_token_ids = frozenset(self.params.stop_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +104,18 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: list[float]
 
 
+@dataclass(frozen=True)
+class RequestError:
+    """Why one request failed in the engine.
+
+    client_fault: the request's own data could not be run (an HTTP 400); otherwise the
+    engine failed on it (a 500).
+    """
+
+    message: str
+    client_fault: bool
+
+
 @dataclass
 class EngineOutput:
     """New tokens of one request from one step; ``finish_reason`` set on its last output.
@@ -112,6 +134,8 @@ class EngineOutput:
     """Tokens drafted for the request in the step(s) of this output."""
     num_accepted_tokens: int = 0
     """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
+    error: RequestError | None = None
+    """Set with ``finish_reason`` ERROR."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
@@ -122,7 +146,7 @@ def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: 
     if num_output >= params.min_tokens:
         if not params.ignore_eos and last in eos_token_ids:
             return FinishReason.STOP, None
-        if last in params.stop_token_ids:
+        if last in request.stop_token_ids:
             return FinishReason.STOP, last
     if params.max_tokens is not None and num_output >= params.max_tokens:
         return FinishReason.LENGTH, None

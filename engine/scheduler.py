@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.models.attention_metadata import ScheduledChunk
@@ -22,7 +23,6 @@ class ScheduledStep:
     guided_rows: rows of ``logits_indices`` (in its order) whose request has guidance;
     companion_logits_indices: the flat indices of the companion's matching positions;
     guidance_scales: each guided row's scale.
-    admitted: the requests given a slot this step.
     placeholder_inputs: (flat index, request) for decode inputs sampled by that request in
     the step in flight, not yet on the host; the runner fills them on the device. Their
     ``input_ids`` entry is 0 meanwhile.
@@ -37,7 +37,6 @@ class ScheduledStep:
     guided_rows: list[int] = field(default_factory=list)
     companion_logits_indices: list[int] = field(default_factory=list)
     guidance_scales: list[float] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
     placeholder_inputs: list[tuple[int, Request]] = field(default_factory=list)
 
 
@@ -71,7 +70,9 @@ class Scheduler:
             self.free_slots.append(holder.slot)
             holder.slot = None
 
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, admit: Callable[[Request], bool]) -> ScheduledStep:
+        """The next step. ``admit`` is called for each request given its slots; when it returns
+        False the request was failed (and removed) and is not scheduled."""
         step = ScheduledStep()
         budget = self.max_num_batched_tokens
         # A request whose in-flight tokens already reach its limit waits for them to land.
@@ -86,7 +87,8 @@ class Scheduler:
             for holder in request.sequences:
                 holder.slot = self.free_slots.pop()
             self.running.append(request)
-            step.admitted.append(request)
+            if not admit(request):
+                continue
             budget -= self._schedule_request(step, request, budget)
         return step
 

@@ -13,7 +13,6 @@ sampler decides which stages to run without reading device tensors.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,14 +21,14 @@ from sampling.ops.masks import AllTokensMaskedError
 from sampling.ops.seeded_noise import seed_key
 from sampling.ops.segments import segment_rows
 from sampling.params import SamplingParams
-from sampling.token_entries import Entry, TokenEntries, check_entries_vocab, entries_for
+from sampling.token_entries import Entry, TokenEntries, entries_for
+from sampling.tokenized import TokenizedStrings, has_strings, uses_dry
 
 FLOAT_COLUMNS = (
     "temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability",
 )  # fmt: skip
 INT_COLUMNS = ("top_k", "seed_key", "min_tokens", "dry_allowed_length", "dry_penalty_last_n", "is_greedy", "has_seed")
-MAX_DRY_BREAKER_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def row_features(params: SamplingParams) -> set[str]:
     features: set[str] = set()
     if params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
         features.add("penalties")
-    if params.dry_multiplier > 0.0 and params.dry_penalty_last_n != 0:
+    if uses_dry(params):
         features.add("dry")
     if params.allowed_token_ids is not None:
         features.add("allowed")
@@ -120,7 +119,7 @@ class SamplingBatch:
         self.allowed: torch.Tensor | None = None
         self.history: torch.Tensor | None = None
         self.history_len: torch.Tensor | None = None
-        self.dry_breakers: torch.Tensor | None = None
+        self.dry_breaker_mask: torch.Tensor | None = None
 
     # ---- host-side summaries -------------------------------------------------------------------
 
@@ -145,10 +144,12 @@ class SamplingBatch:
         row: int,
         params: SamplingParams,
         prompt_token_ids: list[int],
-        encode: Callable[[str], list[int]] | None = None,
+        strings: TokenizedStrings | None = None,
     ) -> None:
-        """Occupy ``row`` with a new request. ``encode`` turns strings (bad words, DRY breakers) into token ids."""
-        entries = self._checked_entries(params, encode)
+        """Occupy ``row`` with a new request; ``strings``: its bad words and DRY breakers as ids
+        (None: it has none, see `has_strings`)."""
+        strings = _require_strings(params, strings)
+        entries = self._checked_entries(params, strings)
         if self.params[row] is not None:
             self.remove_request(row)
         features = row_features(params)
@@ -165,17 +166,17 @@ class SamplingBatch:
         self.uses.update(features)
         self._write_columns(row, params)
         self.entries.set_row(row, entries)
-        self._write_dense_state(row, params, prompt_token_ids, features, encode)
+        self._write_dense_state(row, params, prompt_token_ids, features, strings.dry_breakers)
 
-    def validate(self, params: SamplingParams, encode: Callable[[str], list[int]] | None = None) -> None:
+    def validate(self, params: SamplingParams, strings: TokenizedStrings | None = None) -> None:
         """Raise a ``ValueError`` naming the field if ``params`` cannot be sampled by this batch
         (a token id outside the vocabulary, every allowed token banned); `add_request` checks the same."""
-        self._checked_entries(params, encode)
+        self._checked_entries(params, _require_strings(params, strings))
 
-    def _checked_entries(self, params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[Entry]:
+    def _checked_entries(self, params: SamplingParams, strings: TokenizedStrings) -> list[Entry]:
         params.check_vocab(self.vocab_size)
-        entries = entries_for(params, self.eos_token_ids, encode)
-        check_entries_vocab(entries, self.vocab_size)
+        strings.check_vocab(self.vocab_size)
+        entries = entries_for(params, self.eos_token_ids, strings)
         self._check_not_all_masked(params, entries)
         return entries
 
@@ -227,7 +228,8 @@ class SamplingBatch:
             if "history" in features and self.history is None:
                 self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
                 self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
-                self.dry_breakers = torch.full((R, MAX_DRY_BREAKER_TOKENS), -1, dtype=torch.int64, device=dev)
+            if "dry" in features and self.dry_breaker_mask is None:
+                self.dry_breaker_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
 
     def _write_dense_state(
         self,
@@ -235,7 +237,7 @@ class SamplingBatch:
         params: SamplingParams,
         prompt: list[int],
         features: set[str],
-        encode: Callable[[str], list[int]] | None,
+        dry_breakers: tuple[int, ...],
     ) -> None:
         """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""
         self._allocate(features)
@@ -248,12 +250,14 @@ class SamplingBatch:
             self.allowed[row] = params.allowed_token_ids is None
             if params.allowed_token_ids is not None:
                 self.allowed[row, torch.tensor(params.allowed_token_ids, device=self.device)] = True
-        if self.history is not None and self.history_len is not None and self.dry_breakers is not None:
+        if self.history is not None and self.history_len is not None:
             n = min(len(prompt), self.max_model_len)
             self.history[row] = -1
             self.history[row, :n] = prompt_ids[:n]
             self.history_len[row] = n
-            self.dry_breakers[row] = torch.tensor(_breaker_tokens(params, encode), dtype=torch.int64)
+        if self.dry_breaker_mask is not None:
+            self.dry_breaker_mask[row] = False
+            self.dry_breaker_mask[row, torch.tensor(dry_breakers, dtype=torch.int64, device=self.device)] = True
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -296,11 +300,9 @@ class SamplingBatch:
             self.history_len.clamp_(max=self.max_model_len)
 
 
-def _breaker_tokens(params: SamplingParams, encode: Callable[[str], list[int]] | None) -> list[int]:
-    """DRY sequence breakers as a -1 padded list of token ids (every token of every breaker string)."""
-    tokens: list[int] = []
-    if params.dry_multiplier > 0.0 and encode is not None:
-        tokens = sorted({t for s in params.dry_sequence_breakers for t in encode(s)})
-    if len(tokens) > MAX_DRY_BREAKER_TOKENS:
-        raise ValueError(f"dry_sequence_breakers: at most {MAX_DRY_BREAKER_TOKENS} tokens, got {len(tokens)}")
-    return tokens + [-1] * (MAX_DRY_BREAKER_TOKENS - len(tokens))
+def _require_strings(params: SamplingParams, strings: TokenizedStrings | None) -> TokenizedStrings:
+    if strings is not None:
+        return strings
+    if has_strings(params):
+        raise ValueError("bad_words and DRY need the request's TokenizedStrings (sampling.tokenized.tokenize_strings)")
+    return TokenizedStrings()

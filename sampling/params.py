@@ -20,6 +20,14 @@ MAX_N = 128
 MAX_INT64 = 2**63 - 1  # the sampling batch keeps integer parameters in int64 columns
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM_SIZE = 16
+# The library's own bounds on strings the engine takes as ids (tokenized once per request;
+# a bad word's tokens but the last are matched against the latest outputs every step). They
+# hold whatever the server's configurable limits (deployments/limits.py) are set to, which
+# are tighter by default and so are the ones a client normally meets.
+MAX_DRY_SEQUENCE_BREAKERS = 128
+MAX_DRY_BREAKER_CHARS = 128
+MAX_BAD_WORDS = 1024
+MAX_BAD_WORD_CHARS = 2048
 
 
 class TokenIdOutOfVocabError(ValueError):
@@ -29,6 +37,13 @@ class TokenIdOutOfVocabError(ValueError):
 def _finite(**kwargs: object) -> object:
     """A float `Field` that rejects NaN and infinities."""
     return Field(allow_inf_nan=False, **kwargs)
+
+
+def _check_lengths(strings: list[str], max_chars: int) -> list[str]:
+    longest = max(strings, key=len, default="")
+    if len(longest) > max_chars:
+        raise ValueError(f"each string may have at most {max_chars} characters, got one of {len(longest)}")
+    return strings
 
 
 class SamplingParams(BaseModel):
@@ -48,7 +63,7 @@ class SamplingParams(BaseModel):
     dry_base: float = _finite(default=1.75, ge=1.0)
     dry_allowed_length: int = Field(2, ge=0, le=MAX_INT64)
     dry_penalty_last_n: int = Field(-1, ge=-1, le=MAX_INT64, description="-1: the whole context; 0: disabled.")
-    dry_sequence_breakers: list[str] = Field(default_factory=lambda: ["\n", ":", '"', "*"])
+    dry_sequence_breakers: list[str] = Field(default_factory=lambda: ["\n", ":", '"', "*"], max_length=MAX_DRY_SEQUENCE_BREAKERS)
     xtc_threshold: float = _finite(default=0.1, ge=0.0, le=1.0)
     xtc_probability: float = _finite(default=0.0, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
@@ -61,7 +76,7 @@ class SamplingParams(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     logit_bias: dict[int, float] = Field(default_factory=dict)
     allowed_token_ids: list[int] | None = None
-    bad_words: list[str] = Field(default_factory=list)
+    bad_words: list[str] = Field(default_factory=list, max_length=MAX_BAD_WORDS)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -84,6 +99,16 @@ class SamplingParams(BaseModel):
         if any(s == "" for s in value):
             raise ValueError("must not contain empty strings")
         return value
+
+    @field_validator("dry_sequence_breakers")
+    @classmethod
+    def _breakers_short(cls, value: list[str]) -> list[str]:
+        return _check_lengths(value, MAX_DRY_BREAKER_CHARS)
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words_short(cls, value: list[str]) -> list[str]:
+        return _check_lengths(value, MAX_BAD_WORD_CHARS)
 
     @field_validator("logit_bias")
     @classmethod

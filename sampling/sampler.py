@@ -216,8 +216,8 @@ def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
     batch = view.batch
     if batch.uses["allowed"] > 0 and batch.allowed is not None:
         apply_allowed(logits, view.allowed())
-    table = batch.entries.table() if batch.uses["token_entries"] > 0 else None
-    if table is not None:
+    tables = batch.entries.tables() if batch.uses["token_entries"] > 0 else []
+    for table in tables:
         last_outputs = view.last_outputs(table.prefix.shape[1]) if table.has_prefix else None
         apply_token_entries(logits, table, view.rows_of_slots(table.slot), view.params.output_pos, last_outputs)
     if batch.uses["may_mask_all"] > 0:
@@ -238,17 +238,33 @@ def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
             p.frequency_penalty,
         )
     if batch.uses["dry"] > 0 and batch.history is not None:
-        logits = apply_dry(
-            logits,
-            view.history(),
-            view.history_len(),
-            view.dry_breakers(),
-            p.dry_multiplier,
-            p.dry_base,
-            p.dry_allowed_length,
-            p.dry_penalty_last_n,
-        )
+        logits = _apply_dry_rows(logits, view)
     return logits
+
+
+def _apply_dry_rows(logits: torch.Tensor, view: RowView) -> torch.Tensor:
+    """DRY on logits [N, V], computed only for the rows that use it, so that one request with DRY
+    does not make every row of the step pay for its [L, MAX_MATCH] matching.
+
+    The host bounds their number (``uses["dry"]`` requests, ``max_rows_per_request`` rows each);
+    the device puts them first (a stable sort, no sync). Extra rows picked up have no DRY and get
+    no penalty.
+    """
+    p = view.params
+    num_rows = min(logits.shape[0], view.batch.uses["dry"] * view.max_rows_per_request)
+    uses = (p.dry_multiplier > 0) & (p.dry_penalty_last_n != 0)
+    rows = torch.argsort((~uses).to(torch.int8), stable=True)[:num_rows]
+    penalised = apply_dry(
+        logits[rows],
+        view.history()[rows],
+        view.history_len()[rows],
+        view.dry_breaker_mask(rows),
+        p.dry_multiplier[rows],
+        p.dry_base[rows],
+        p.dry_allowed_length[rows],
+        p.dry_penalty_last_n[rows],
+    )
+    return logits.index_copy(0, rows, penalised)
 
 
 def _dense_logits(c: Candidates, vocab_size: int) -> torch.Tensor:

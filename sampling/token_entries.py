@@ -7,18 +7,19 @@ equal the entry's prefix (multi-token bad words: the last token of a bad word is
 banned when the tokens before it were just generated, vLLM semantics; each bad word
 is encoded both as given and with a leading space).
 
-The host keeps entries per row; the flat device table is rebuilt on the next step
-after a join or leave that changed it.
+The host keeps each row's entries as small tables; the flat device tables (one per
+prefix length) are concatenated from them on the next step after a join or leave that
+changed them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from sampling.params import SamplingParams, TokenIdOutOfVocabError
+from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings
 
 NEG_INF = float("-inf")
 
@@ -33,35 +34,22 @@ class Entry:
     """Applies only when the row's last outputs equal this (empty: no such gate)."""
 
 
-def entries_for(params: SamplingParams, eos_token_ids: tuple[int, ...], encode: Callable[[str], list[int]] | None) -> list[Entry]:
-    """All logit edits of one request."""
+def entries_for(params: SamplingParams, eos_token_ids: tuple[int, ...], strings: TokenizedStrings) -> list[Entry]:
+    """All logit edits of one request; its bad words come tokenized in ``strings``."""
+    if params.bad_words and not strings.bad_words:
+        raise ValueError("bad_words: pass the request's TokenizedStrings (sampling.tokenized.tokenize_strings)")
     entries = [Entry(token, bias) for token, bias in params.logit_bias.items() if bias != 0.0]
     if params.min_tokens > 0:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         entries += [Entry(token, NEG_INF, min_tokens=params.min_tokens) for token in sorted(stops)]
-    if params.bad_words:
-        if encode is None:
-            raise ValueError("bad_words: the engine must pass `encode` to tokenize bad words")
-        entries += _bad_word_entries(params.bad_words, encode)
+    entries += [Entry(sequence[-1], NEG_INF, prefix=sequence[:-1]) for sequence in strings.bad_words]
     return entries
-
-
-def check_entries_vocab(entries: list[Entry], vocab_size: int) -> None:
-    """Bad-word ids come from the engine's tokenizer; reject any outside ``[0, vocab_size)``."""
-    for e in entries:
-        bad = [t for t in (e.token, *e.prefix) if not 0 <= t < vocab_size]
-        if bad:
-            raise TokenIdOutOfVocabError(f"bad_words: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-
-
-def _bad_word_entries(words: list[str], encode: Callable[[str], list[int]]) -> list[Entry]:
-    sequences = {tuple(encode(variant)) for word in words for variant in (word, " " + word)}
-    return [Entry(seq[-1], NEG_INF, prefix=seq[:-1]) for seq in sorted(sequences) if seq]
 
 
 @dataclass(frozen=True)
 class EntryTable:
-    """Flat device table, E entries: slot/token/min_tokens [E] int64, value [E] f32, prefix [E, P] int64 (-1 pad, right aligned)."""
+    """Flat table of E entries whose prefixes all have length P: slot/token/min_tokens [E] int64,
+    value [E] f32, prefix [E, P] int64."""
 
     slot: torch.Tensor
     token: torch.Tensor
@@ -73,42 +61,62 @@ class EntryTable:
 
 
 class TokenEntries:
-    """Host lists of entries per row and their lazily rebuilt device table."""
+    """Each row's entries as host tables (built when it joins, in the time of its own entries)
+    and the device tables, concatenated from them on the next step after a change.
+
+    One table per prefix length, so an entry costs its own prefix's length, never the
+    longest prefix of another request; a rebuild costs a concatenation per row, not a pass
+    over every row's entries in Python.
+    """
 
     def __init__(self, max_num_rows: int, device: torch.device) -> None:
         self.device = device
-        self._rows: list[list[Entry]] = [[] for _ in range(max_num_rows)]
-        self._table: EntryTable | None = None
+        self._rows: list[dict[int, EntryTable]] = [{} for _ in range(max_num_rows)]
+        self._tables: list[EntryTable] = []
         self._dirty = False
 
     def set_row(self, row: int, entries: list[Entry]) -> None:
         if entries or self._rows[row]:
             self._dirty = True
-        self._rows[row] = entries
+        self._rows[row] = _host_tables(row, entries)
 
-    def table(self) -> EntryTable | None:
-        """The device table (None when no row has entries)."""
+    def tables(self) -> list[EntryTable]:
+        """The device tables, by increasing prefix length (empty when no row has entries)."""
         if self._dirty:
-            self._table = self._build()
+            widths = sorted({width for row in self._rows for width in row})
+            self._tables = [self._concatenate([row[width] for row in self._rows if width in row]) for width in widths]
             self._dirty = False
-        return self._table
+        return self._tables
 
-    def _build(self) -> EntryTable | None:
-        flat = [(row, e) for row, entries in enumerate(self._rows) for e in entries]
-        if not flat:
-            return None
-        width = max(len(e.prefix) for _, e in flat)
-        prefix = [[-1] * (width - len(e.prefix)) + list(e.prefix) for _, e in flat]
-
-        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+    def _concatenate(self, parts: list[EntryTable]) -> EntryTable:
+        def cat(name: str) -> torch.Tensor:
+            return torch.cat([getattr(part, name) for part in parts]).to(self.device, non_blocking=True)
 
         return EntryTable(
-            slot=tensor([row for row, _ in flat], torch.int64),
-            token=tensor([e.token for _, e in flat], torch.int64),
-            value=tensor([e.value for _, e in flat], torch.float32),
-            min_tokens=tensor([e.min_tokens for _, e in flat], torch.int64),
-            prefix=tensor(prefix, torch.int64).view(len(flat), width),
-            has_min_tokens=any(e.min_tokens > 0 for _, e in flat),
+            slot=cat("slot"),
+            token=cat("token"),
+            value=cat("value"),
+            min_tokens=cat("min_tokens"),
+            prefix=cat("prefix"),
+            has_min_tokens=any(part.has_min_tokens for part in parts),
+            has_prefix=parts[0].has_prefix,
+        )
+
+
+def _host_tables(row: int, entries: list[Entry]) -> dict[int, EntryTable]:
+    """One row's entries as CPU tables, by prefix length."""
+    by_width: dict[int, list[Entry]] = {}
+    for e in entries:
+        by_width.setdefault(len(e.prefix), []).append(e)
+    return {
+        width: EntryTable(
+            slot=torch.full((len(group),), row, dtype=torch.int64),
+            token=torch.tensor([e.token for e in group], dtype=torch.int64),
+            value=torch.tensor([e.value for e in group], dtype=torch.float32),
+            min_tokens=torch.tensor([e.min_tokens for e in group], dtype=torch.int64),
+            prefix=torch.tensor([e.prefix for e in group], dtype=torch.int64).view(len(group), width),
+            has_min_tokens=any(e.min_tokens > 0 for e in group),
             has_prefix=width > 0,
         )
+        for width, group in by_width.items()
+    }

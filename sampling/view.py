@@ -99,10 +99,10 @@ class RowView:
         assert self.batch.history is not None
         return self._unclamped_history_len().clamp(max=self.batch.history.shape[1])
 
-    def dry_breakers(self) -> torch.Tensor:
-        """[N, B] int64 DRY sequence-breaker tokens, -1 padded."""
-        assert self.batch.dry_breakers is not None
-        return self.batch.dry_breakers[self.slots]
+    def dry_breaker_mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, V] bool: the DRY sequence-breaker tokens of ``rows`` ([n] int64 rows of this view)."""
+        assert self.batch.dry_breaker_mask is not None
+        return self.batch.dry_breaker_mask[self.slots[rows]]
 
     def last_outputs(self, width: int) -> torch.Tensor:
         """[N, width] int64: the row's last ``width`` output tokens (drafts included), oldest first;

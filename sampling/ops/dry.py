@@ -9,7 +9,8 @@ suffix of ``x[..j]`` and ``x`` (capped at ``limit`` and `MAX_MATCH`). The token
 ``m_j >= allowed_length``; nothing happens if ``limit <= allowed_length`` or the window
 has at most ``allowed_length`` tokens. Breaker tokens themselves are never penalised.
 Breaker strings are reduced to the set of their tokens (multi-token breakers act as
-if each of their tokens were a breaker).
+if each of their tokens were a breaker), given as a [n, V] mask, so any number of
+breakers costs the same.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def apply_dry(
     logits: torch.Tensor,
     history: torch.Tensor,
     history_len: torch.Tensor,
-    breakers: torch.Tensor,
+    breaker_mask: torch.Tensor,
     multiplier: torch.Tensor,
     base: torch.Tensor,
     allowed_length: torch.Tensor,
@@ -35,7 +36,7 @@ def apply_dry(
 ) -> torch.Tensor:
     """DRY-penalised logits [n, V].
 
-    history [n, L] int64 (-1 past the end), history_len [n], breakers [n, B] (-1 pad),
+    history [n, L] int64 (-1 past the end), history_len [n], breaker_mask [n, V] bool,
     multiplier / base [n] float, allowed_length / last_n [n] int64.
     """
     n, L = history.shape
@@ -44,9 +45,7 @@ def apply_dry(
     window = torch.where(last_n < 0, history_len, torch.minimum(last_n, history_len))
     start = history_len - window
     in_window = (pos >= start[:, None]) & (pos <= last[:, None])
-    is_breaker = torch.zeros_like(history, dtype=torch.bool)
-    for b in range(breakers.shape[1]):
-        is_breaker |= (history == breakers[:, b : b + 1]) & (breakers[:, b : b + 1] >= 0)
+    is_breaker = breaker_mask.gather(1, history.clamp(min=0)) & (history >= 0)
     last_breaker = torch.where(is_breaker & in_window, pos, start[:, None] - 1).amax(dim=1)
     limit = last - last_breaker  # tokens after the last breaker
     match = _match_lengths(history, last, start, limit, pos)
@@ -58,7 +57,7 @@ def apply_dry(
     penalty = multiplier[:, None] * torch.pow(base[:, None], exponent)
     penalty = torch.where(valid, penalty, torch.zeros_like(penalty))
     per_token = torch.zeros_like(logits).scatter_reduce_(1, following.clamp(min=0), penalty, reduce="amax")
-    return logits - per_token * ~_token_mask(breakers, logits.shape[1])
+    return logits - per_token.masked_fill_(breaker_mask, 0.0)
 
 
 def _match_lengths(history: torch.Tensor, last: torch.Tensor, start: torch.Tensor, limit: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -71,10 +70,3 @@ def _match_lengths(history: torch.Tensor, last: torch.Tensor, start: torch.Tenso
         alive &= (earlier == suffix_token) & (pos - k >= start[:, None]) & (k < limit)[:, None]
         match += alive
     return match
-
-
-def _token_mask(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[n, V] bool: True at each id of ``token_ids`` [n, B] (-1 entries ignored)."""
-    index = torch.where(token_ids >= 0, token_ids, vocab_size)
-    mask = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.bool, device=token_ids.device)
-    return mask.scatter_(1, index, True)[:, :vocab_size]

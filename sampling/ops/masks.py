@@ -37,8 +37,7 @@ def apply_token_entries(
         active &= (min_tokens == 0) | (output_pos[row] < min_tokens)
     if table.has_prefix:
         assert last_outputs is not None
-        prefix = table.prefix[:, None, :]  # [E, 1, P], -1 padded on the left
-        active &= ((prefix < 0) | (last_outputs[row] == prefix)).all(dim=2)
+        active &= (last_outputs[row] == table.prefix[:, None, :]).all(dim=2)
     values = torch.where(active, table.value[:, None], torch.zeros_like(table.value)[:, None])
     logits.index_put_((row, table.token[:, None].expand_as(row)), values, accumulate=True)
 

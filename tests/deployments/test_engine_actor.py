@@ -7,6 +7,7 @@ import threading
 
 from deployments.engine_actor import SERVER_FULL, EngineActor, NewRequest
 from engine.config import EngineConfig
+from engine.request import EngineOutput, FinishReason, Request
 from sampling.params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -71,6 +72,38 @@ def test_callers_cancelled_before_their_command_ran_do_not_stop_the_engine():
                 if any(o.finish_reason is not None for o in outputs):
                     break
             assert tokens == PARAMS.max_tokens
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_request_failing_in_a_step_gets_an_error_output_and_the_engine_goes_on():
+    async def run() -> None:
+        actor = EngineActor(EngineConfig(model="tiny-random", max_num_seqs=2, max_model_len=64), max_waiting_requests=2)
+        try:
+            await actor.ready()
+            add_request = actor.engine.runner.add_request
+
+            def add_or_raise(request: Request) -> None:
+                if request.request_id == "bad":
+                    raise RuntimeError("injected")
+                add_request(request)
+
+            actor.engine.runner.add_request = add_or_raise  # type: ignore[method-assign]
+            added = await actor.add_requests("ingress-a", [NewRequest(rid, [100, 200], PARAMS) for rid in ("bad", "good")])
+            assert added.errors == [None, None]
+            tokens: dict[str, list[int]] = {"good": []}
+            last: dict[str, EngineOutput] = {}
+            for _ in range(100):
+                for output in (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs:
+                    tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+                    last[output.request_id] = output
+                if len(last) == 2 and all(o.finish_reason is not None for o in last.values()):
+                    break
+            assert last["bad"].finish_reason == FinishReason.ERROR and "injected" in last["bad"].error.message
+            assert not last["bad"].error.client_fault and len(tokens["good"]) == PARAMS.max_tokens
+            assert actor.thread.is_alive() and (await actor.stats())["incarnation"] == actor.incarnation
         finally:
             await actor.shutdown()
 

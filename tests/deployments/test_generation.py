@@ -4,6 +4,8 @@ request is being added leaves nothing behind in the ingress or the engine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 
 from ray.exceptions import ActorDiedError
 
@@ -15,6 +17,7 @@ from deployments.metrics import IngressMetrics
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
 
@@ -36,6 +39,7 @@ class SlowEngine:
         self.dead = dead
         self.incarnation = incarnation
         self.added: list[str] = []
+        self.received: list = []
         self.aborted: list[str] = []
         self.add_requests = _Remote(self._add)
         self.abort_requests = _Remote(self._abort)
@@ -46,6 +50,7 @@ class SlowEngine:
         if self.dead:
             raise ActorDiedError()
         self.added += [r.request_id for r in requests]
+        self.received += requests
         return Added(self.incarnation, [None] * len(requests))
 
     async def _abort(self, request_ids: list[str]) -> int:
@@ -119,6 +124,33 @@ def test_requests_go_to_the_engine_with_the_fewest_live_choices():
         assert engines[0].added == [s.request_id for s in first.streams + third.streams]
 
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
+    tokenizer = dataclasses.replace(TOKENIZER)
+    threads: list[threading.Thread] = []
+
+    def encode(text: str, add_special_tokens: bool = True) -> list[int]:
+        threads.append(threading.current_thread())
+        return TOKENIZER.encode(text, add_special_tokens)
+
+    tokenizer.encode = encode  # type: ignore[method-assign]
+    params = SamplingParams(n=3, seed=5, bad_words=["foo"], dry_multiplier=0.5, guidance_scale=2.0, negative_prompt="no")
+
+    async def run() -> tuple[SlowEngine, threading.Thread]:
+        engine = SlowEngine()
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
+        generation = Generation([engine], "sub", tokenizer, detok, IngressMetrics())
+        fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
+        await generation.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
+        return engine, threading.current_thread()
+
+    engine, loop_thread = asyncio.run(asyncio.wait_for(run(), 30))
+    expected = tokenize_strings(params, TOKENIZER.encode)
+    assert len(threads) == 2 + len(params.dry_sequence_breakers) + 1  # per request: bad word twice, breakers, negative prompt
+    assert loop_thread not in threads
+    assert len(engine.received) == 6 and all(r.strings == expected for r in engine.received)
+    assert len({id(r.strings) for r in engine.received}) == 1
 
 
 def test_a_restarted_engine_ends_the_streams_of_its_old_life_and_keeps_the_new_ones():

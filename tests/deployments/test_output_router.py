@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
 from deployments.metrics import IngressMetrics
@@ -11,7 +13,7 @@ from deployments.output_router import OutputRouter, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
-from engine.request import EngineOutput, FinishReason
+from engine.request import EngineOutput, FinishReason, RequestError
 from sampling.params import SamplingParams
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
@@ -55,8 +57,15 @@ class ScriptedEngine:
 
 def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
     """Feed engine messages through an OutputRouter; the text, finish reason and aborts."""
+    mailbox, aborts = route_to_mailbox(messages, params)
+    deltas = mailbox.pending[0]
+    return deltas.text, deltas.finish_reason, aborts
 
-    async def run() -> tuple[str, str | None, list[str]]:
+
+def route_to_mailbox(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[Mailbox, list[str]]:
+    """Feed engine messages through an OutputRouter to one choice's mailbox; that mailbox and the aborts."""
+
+    async def run() -> tuple[Mailbox, list[str]]:
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")
@@ -65,8 +74,7 @@ def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[s
         router = OutputRouter([engine], "sub", detok, IngressMetrics())
         router.register(stream)  # before the router's first poll runs
         await asyncio.wait_for(engine.drained.wait(), 30)
-        deltas = mailbox.pending[0]
-        return deltas.text, deltas.finish_reason, engine.aborts
+        return mailbox, engine.aborts
 
     return asyncio.run(run())
 
@@ -85,3 +93,12 @@ def test_a_stop_string_finishes_the_choice_and_aborts_it_once():
     params = SamplingParams(max_tokens=100, stop=["uu"])
     text, finish, aborts = route([[EngineOutput("r", IDS[:3], 1)], [EngineOutput("r", IDS[3:], 1)]], params)
     assert (text, finish, aborts) == (' randomized_"', "stop", ["r"])
+
+
+@pytest.mark.parametrize(("client_fault", "status"), [(True, 400), (False, 500)])
+def test_an_engine_error_output_ends_the_stream_with_its_message(client_fault, status):
+    failed = EngineOutput("r", [], 1, FinishReason.ERROR, error=RequestError("row 3 broke", client_fault))
+    for messages in ([[EngineOutput("r", IDS[:2], 1)], [failed]], [[EngineOutput("r", IDS[:2], 1), failed]]):
+        mailbox, aborts = route_to_mailbox(messages, SamplingParams())
+        assert mailbox.error is not None and (mailbox.error.status, mailbox.error.message) == (status, "row 3 broke")
+        assert aborts == []  # the engine already finished it

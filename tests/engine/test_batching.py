@@ -45,7 +45,7 @@ def test_batched_with_chunked_prefill_and_mid_flight_joins_matches_alone(smollm_
     engine = EngineCore(config, smollm_checkpoint)
     steps: list[ScheduledStep] = []
     schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]  # type: ignore[method-assign]
+    engine.scheduler.schedule = lambda admit: steps.append(schedule(admit)) or steps[-1]  # type: ignore[method-assign]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outputs: dict[str, list[EngineOutput]] = {}
     pending = list(enumerate(PROMPTS))

@@ -9,8 +9,9 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason
+from engine.request import FinishReason, Request, check_stop
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done
 
 PROMPT = list(range(300, 310))
@@ -57,7 +58,7 @@ def test_invalid_requests_are_rejected_without_disturbing_others(tiny_checkpoint
     engine.add_request("good", PROMPT, GREEDY)
     engine.step()
     with pytest.raises(InvalidRequestError, match=message):
-        engine.add_request("bad", prompt, params)
+        engine.add_request("bad", prompt, params, tokenize_strings(params, engine.tokenizer.encode))
     assert output_ids(run_until_done(engine)["good"])[-11:] == reference_tokens[1:]
 
 
@@ -212,3 +213,29 @@ def test_async_scheduling_gives_the_same_outputs(tiny_checkpoint, eos_engine_and
     assert {k: v for k, v in overlapped.items() if k != "aborted"} == {k: v for k, v in sync.items() if k != "aborted"}
     assert overlapped["aborted"][1] == FinishReason.ABORT
     assert overlapped["aborted"][0] == sync["context"][0][: len(overlapped["aborted"][0])]
+
+
+def test_stop_token_ids_are_a_set_built_once():
+    """``check_stop`` runs per token: membership in a request's stop ids must not scan the list."""
+    params = SamplingParams(stop_token_ids=list(range(100_000, 0, -1)), max_tokens=None)
+    request = Request("r", PROMPT, params, output_token_ids=[7])
+    assert isinstance(request.stop_token_ids, frozenset) and len(request.stop_token_ids) == 100_000
+    assert check_stop(request, (2,), max_model_len=64) == (FinishReason.STOP, 7)
+    request.output_token_ids.append(100_001)
+    assert check_stop(request, (2,), max_model_len=64) is None
+
+
+def test_the_engine_never_tokenizes(tiny_checkpoint, monkeypatch):
+    """Bad words, DRY breakers and the negative prompt arrive as ids; without them such a request is refused."""
+    engine = make_engine(tiny_checkpoint)
+    params = SamplingParams(bad_words=["foo bar"], dry_multiplier=0.5, guidance_scale=2.0, negative_prompt="no", max_tokens=4, seed=1)
+    strings = tokenize_strings(params, engine.tokenizer.encode)
+
+    def refuse(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("the engine tokenized")
+
+    monkeypatch.setattr(engine.tokenizer, "encode", refuse)
+    with pytest.raises(InvalidRequestError, match="TokenizedStrings"):
+        engine.add_request("untokenized", PROMPT, params)
+    engine.add_request("a", PROMPT, params, strings)
+    assert run_until_done(engine)["a"][-1].finish_reason == FinishReason.LENGTH

@@ -8,6 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done
 
 PROMPT = [1, 504, 3458, 282, 4649, 314]
@@ -32,7 +33,7 @@ def tiny_engine(tiny_checkpoint, **overrides) -> EngineCore:
 
 
 def generate(engine: EngineCore, prompt: list[int], params: SamplingParams) -> list[int]:
-    engine.add_request("r", prompt, params)
+    engine.add_request("r", prompt, params, tokenize_strings(params, engine.tokenizer.encode))
     outputs = run_until_done(engine)
     assert list(outputs) == ["r"]  # the companion never shows up
     return output_ids(outputs["r"])

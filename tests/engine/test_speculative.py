@@ -15,6 +15,7 @@ from engine.loader.checkpoint import Checkpoint
 from engine.ngram_drafter import NgramIndex
 from engine.request import FinishReason
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done
 
 PASSAGE = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
@@ -31,7 +32,7 @@ def smollm_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
 
 def generate_all(engine: EngineCore, prompts: dict[str, list[int]], params: SamplingParams) -> dict[str, list[int]]:
     for request_id, prompt in prompts.items():
-        engine.add_request(request_id, prompt, params)
+        engine.add_request(request_id, prompt, params, tokenize_strings(params, engine.tokenizer.encode))
     outputs = run_until_done(engine)
     return {request_id: output_ids(outputs[request_id]) for request_id in prompts}
 

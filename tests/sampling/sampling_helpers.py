@@ -8,6 +8,7 @@ from scipy import stats
 
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
+from sampling.tokenized import tokenize_strings
 
 TRUNCATION_CONFIGS: dict[str, dict[str, float]] = {
     "temperature": dict(temperature=0.8),
@@ -28,7 +29,7 @@ def batch_of(params: list[SamplingParams], vocab: int, prompt: list[int] | None 
     """A CPU batch with one row per params entry, rows 0..n-1."""
     batch = SamplingBatch(len(params), vocab, 64, "cpu", **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt or [0], encode=lambda s: [ord(c) % vocab for c in s])
+        batch.add_request(row, p, prompt or [0], tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
     return batch
 
 

@@ -11,6 +11,7 @@ from sampling.batch import SamplingBatch
 from sampling.ops.segments import max_rows_bound
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
+from sampling.tokenized import TokenizedStrings, tokenize_strings
 from sampling.view import RowView
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,7 +48,7 @@ def encode(text: str) -> list[int]:
 def make_batch(params: list[SamplingParams], vocab: int = VOCAB) -> SamplingBatch:
     batch = SamplingBatch(len(params), vocab, 64, DEVICE, eos_token_ids=(EOS,))
     for row, p in enumerate(params):
-        batch.add_request(row, p, PROMPT, encode=encode)
+        batch.add_request(row, p, PROMPT, tokenize_strings(p, encode))
     return batch
 
 
@@ -206,8 +207,7 @@ def test_a_loose_rows_bound_changes_nothing() -> None:
     exact = plain.with_drafts(draft_ids.to(DEVICE), cu.to(DEVICE), 5)
     loose = plain.with_drafts(draft_ids.to(DEVICE), cu.to(DEVICE), len(draft_ids))
     assert torch.equal(exact.output_counts(), loose.output_counts())
-    table = batch.entries.table()
-    assert table is not None
+    table = batch.entries.tables()[0]
     assert torch.equal(exact.rows_of_slots(table.slot), loose.rows_of_slots(table.slot)[:, :5])
     assert (loose.rows_of_slots(table.slot)[:, 5:] == -1).all()
 
@@ -216,7 +216,7 @@ def test_record_never_writes_past_the_history() -> None:
     """Tokens past max_model_len are counted but not written; padding rows change nothing."""
     batch = SamplingBatch(2, VOCAB, 6, DEVICE)
     for row in range(2):
-        batch.add_request(row, SamplingParams(dry_multiplier=0.5), PROMPT)
+        batch.add_request(row, SamplingParams(dry_multiplier=0.5), PROMPT, TokenizedStrings())
     batch.record(torch.tensor([0, 1], device=DEVICE), torch.tensor([7, 8, 9, 10, 11, -1, -1], device=DEVICE), torch.tensor([0, 4, 7]))
     assert batch.history.tolist() == [[*PROMPT, 7, 8], [*PROMPT, 11, -1]]
     assert batch.history_len.tolist() == [6, 5] and batch.output_pos.tolist() == [4, 1]

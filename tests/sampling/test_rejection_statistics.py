@@ -10,6 +10,7 @@ from sampling_helpers import assert_matches, assert_same_distribution, fixed_log
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
+from sampling.tokenized import tokenize_strings
 
 DRAWS = 20_000
 
@@ -17,7 +18,7 @@ DRAWS = 20_000
 def make_batch(params: list[SamplingParams], vocab: int, prompt: list[int], max_model_len: int = 64) -> SamplingBatch:
     batch = SamplingBatch(len(params), vocab, max_model_len, "cpu", eos_token_ids=(vocab - 1,))
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt, encode=lambda s: [ord(c) % vocab for c in s])
+        batch.add_request(row, p, prompt, tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
     return batch
 
 

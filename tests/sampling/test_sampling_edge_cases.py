@@ -9,6 +9,7 @@ from sampling.batch import SamplingBatch
 from sampling.ops.masks import AllTokensMaskedError
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
+from sampling.tokenized import tokenize_strings
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
@@ -17,7 +18,7 @@ PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "trit
 def make_batch(params: list[SamplingParams], vocab: int, **kwargs) -> SamplingBatch:
     batch = SamplingBatch(len(params), vocab, 32, DEVICE, **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, [0, 1], encode=lambda s: [ord(c) % vocab for c in s])
+        batch.add_request(row, p, [0, 1], tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
     return batch
 
 

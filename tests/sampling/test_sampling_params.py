@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sampling.params import LOGIT_BIAS_LIMIT, SamplingParams, TokenIdOutOfVocabError
+from sampling.params import (
+    LOGIT_BIAS_LIMIT,
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORDS,
+    MAX_DRY_BREAKER_CHARS,
+    MAX_DRY_SEQUENCE_BREAKERS,
+    SamplingParams,
+    TokenIdOutOfVocabError,
+)
 
 INVALID = [
     ("n", 0), ("n", 129), ("temperature", -0.1), ("temperature", math.nan), ("temperature", math.inf),
@@ -123,3 +131,19 @@ def test_bad_words_any_strings(words: list[str]) -> None:
     else:
         with pytest.raises(ValidationError, match="bad_words"):
             SamplingParams(bad_words=words)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("dry_sequence_breakers", ["x"] * (MAX_DRY_SEQUENCE_BREAKERS + 1)),
+        ("dry_sequence_breakers", ["x" * (MAX_DRY_BREAKER_CHARS + 1)]),
+        ("bad_words", ["x"] * (MAX_BAD_WORDS + 1)),
+        ("bad_words", ["x" * (MAX_BAD_WORD_CHARS + 1)]),
+    ],
+)
+def test_sampler_limits_name_the_field(field: str, value: list[str]) -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(**{field: value})
+    assert [error["loc"] for error in info.value.errors()] == [(field,)]
+    SamplingParams(**{field: value[:-1] if len(value) > 1 else [value[0][:-1]]})

@@ -9,7 +9,9 @@ import torch
 from sampling.batch import SamplingBatch
 from sampling.ops.dry import apply_dry
 from sampling.params import SamplingParams
-from sampling.sampler import Sampler
+from sampling.sampler import Sampler, _apply_dry_rows
+from sampling.tokenized import TokenizedStrings, tokenize_strings
+from sampling.view import RowView
 
 VOCAB = 64
 
@@ -21,7 +23,7 @@ def encode(text: str) -> list[int]:
 def make_batch(params: list[SamplingParams], prompt: list[int] | None = None, **kwargs) -> SamplingBatch:
     batch = SamplingBatch(len(params), VOCAB, 64, "cpu", **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt or [0], encode=encode)
+        batch.add_request(row, p, prompt or [0], tokenize_strings(p, encode))
     return batch
 
 
@@ -69,6 +71,18 @@ def test_bad_words_single_and_multi_token() -> None:
     assert out[0] == a and out[1] != b and out[1] == a  # "b" banned right after "a"
     logits[0, encode("q")[0]] = 20.0
     assert run_steps(batch, 1, logits)[0, 0] != encode("q")[0]
+
+
+def test_entry_tables_cost_each_entry_its_own_prefix() -> None:
+    """A long bad word in one row does not widen another row's logit_bias entries (one table per prefix length)."""
+    long_word = "abcdefgh"
+    params = [SamplingParams(logit_bias={t: 1.0 for t in range(40)}), SamplingParams(bad_words=[long_word, "xy"])]
+    tables = make_batch(params).entries.tables()
+    assert [tuple(t.prefix.shape) for t in tables] == [(40, 0), (1, 1), (1, 2), (1, 7), (1, 8)]  # each word as given and after a space
+    logits = torch.zeros(2, VOCAB)
+    logits[1, encode("x")[0]] = 10.0
+    logits[1, encode("y")[0]] = 9.0
+    assert run_steps(make_batch([SamplingParams(temperature=0.0, bad_words=["xy", long_word])] * 2), 2, logits)[:, 1].tolist() == [encode("x")[0]] * 2
 
 
 def test_penalty_counts_are_updated_incrementally() -> None:
@@ -143,12 +157,14 @@ def test_dry_matches_reference() -> None:
     hist = torch.full((len(cases), L), -1)
     for r, (h, *_rest) in enumerate(cases):
         hist[r, : len(h)] = torch.tensor(h)
-    breakers = torch.tensor([[*sorted(c[5]), -1, -1][:2] for c in cases])
+    breaker_mask = torch.zeros(len(cases), 8, dtype=torch.bool)
+    for r, case in enumerate(cases):
+        breaker_mask[r, sorted(case[5])] = True
     got = apply_dry(
         torch.zeros(len(cases), 8),
         hist,
         torch.tensor([len(c[0]) for c in cases]),
-        breakers,
+        breaker_mask,
         torch.tensor([c[1] for c in cases]),
         torch.tensor([c[2] for c in cases]),
         torch.tensor([c[3] for c in cases]),
@@ -173,7 +189,29 @@ def test_dry_in_the_sampler_discourages_repeats() -> None:
 def test_state_allocated_in_inference_mode_is_usable_outside() -> None:
     with torch.inference_mode():
         batch = make_batch([SamplingParams()])
-        batch.add_request(0, SamplingParams(repetition_penalty=1.2, allowed_token_ids=[1, 2], dry_multiplier=0.5), [1])
+        batch.add_request(0, SamplingParams(repetition_penalty=1.2, allowed_token_ids=[1, 2], dry_multiplier=0.5), [1], TokenizedStrings())
         run_steps(batch, 2)
-    batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1])
+    batch.add_request(0, SamplingParams(repetition_penalty=1.3, allowed_token_ids=[3], dry_multiplier=0.5), [1], TokenizedStrings())
     assert run_steps(batch, 2)[:, 0].tolist() == [3, 3]
+
+
+def test_dry_rows_among_many_get_the_penalty_of_dry_on_every_row() -> None:
+    """DRY is computed only for the rows that use it; the result is that of DRY on all rows."""
+    prompt = encode("abcdabcdabc")
+    dry = SamplingParams(temperature=0.0, dry_multiplier=5.0, dry_allowed_length=2, dry_sequence_breakers=["\n"])
+    params = [SamplingParams(temperature=0.0, dry_multiplier=5.0, dry_penalty_last_n=0)] * 3 + [dry, SamplingParams(temperature=0.0), dry]
+    batch = make_batch(params, prompt=prompt)
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(0))
+    view = RowView.of(batch, torch.arange(len(params)))
+    everywhere = apply_dry(
+        logits,
+        view.history(),
+        view.history_len(),
+        batch.dry_breaker_mask,
+        view.params.dry_multiplier * (view.params.dry_penalty_last_n != 0),
+        view.params.dry_base,
+        view.params.dry_allowed_length,
+        view.params.dry_penalty_last_n,
+    )
+    assert not torch.equal(everywhere[3], logits[3])
+    torch.testing.assert_close(_apply_dry_rows(logits, view), everywhere)
