@@ -1,4 +1,25 @@
-"""The Ray Serve application: ``serve run deployments:app`` (or ``deployments:build_app key=value ...``)."""
+"""The Ray Serve application: ``serve run deployments:app`` (or ``deployments:build_app key=value ...``).
+
+A request's path, and a token's, through this package:
+
+1. `ingress.Ingress` (a Serve replica) reads the body within its limits (`request_body`),
+   checks the key (`auth`), validates it (`protocol`), checks every costly field against the
+   operator's `limits.RequestLimits`, and encodes the prompt on a worker (`prompt_encoder`).
+2. `generation.Generation.submit` tokenizes the request's strings once (bad words, DRY
+   breakers, negative prompt), registers one `streams.ChoiceStream` per choice with the
+   `output_router.OutputRouter`, and adds them to the least loaded live engine in one
+   batched actor call per tick (`tick_batcher`).
+3. `engine_actor.EngineActor` (one per GPU, detached, owned by the app) runs `EngineCore`
+   on its own thread; each step's new token ids for a replica's requests wait in that
+   replica's mailbox. Every reply carries the engine's incarnation; the engine steps at
+   most a few steps ahead of what its replicas have routed (`step_credits`).
+4. The router's long poll (one per engine) takes a whole step's outputs at once, carrying
+   back the aborts found since the last poll; it detokenizes them in one batch, inline or
+   on the `detok_pool` deployment, and puts text deltas in each request's `streams.Mailbox`.
+   A stop string found there finishes the choice and its abort rides the next poll.
+5. `generation.Generation.stream` turns mailbox deltas into SSE frames (`responses`) that
+   `event_stream.EventStream` writes; a client that leaves aborts its choices at once.
+"""
 
 from deployments.app import build_app
 

@@ -4,7 +4,8 @@ subscribed ingress replica one message per step with all of its requests' output
 Every reply carries the actor's incarnation, a random number drawn when it starts, so an
 ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
 after it, not only in a failed call. A subscriber that has not polled for
-``SUBSCRIBER_TIMEOUT_S`` is taken for dead: its requests are aborted and its mailbox dropped.
+``SUBSCRIBER_TIMEOUT_S`` is taken for dead: its requests are aborted and its mailbox dropped;
+should it poll again, the reply says so (``Polled.subscriber_lost``) and it ends those streams.
 
 A subscriber's aborts come with its next poll, and the engine runs at most `LEAD_STEPS` steps
 ahead of the outputs its subscribers have routed (`StepCredits`), so a request whose stop
@@ -69,6 +70,8 @@ class Polled:
 
     incarnation: int
     outputs: list[EngineOutput]
+    subscriber_lost: bool = False
+    """The engine had taken the subscriber for dead and aborted its requests (its streams must end)."""
 
 
 class _Subscriber:
@@ -96,6 +99,7 @@ class EngineActor:
         self.owners: dict[str, str] = {}  # request id -> subscriber; engine thread only
         self.recent_aborts: OrderedDict[str, None] = OrderedDict()  # engine thread only
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
+        self.reaped: set[str] = set()  # subscribers taken for dead that have not polled since; event loop only
         self.reaper: asyncio.Task | None = None
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
@@ -130,6 +134,10 @@ class EngineActor:
         The call also aborts ``aborts`` (the subscriber found them while routing the outputs of its
         previous call) and so acknowledges that call's outputs: the engine may step on.
         """
+        if subscriber in self.reaped:  # it was silent too long: its requests are gone, and it must know
+            self.reaped.discard(subscriber)
+            self._subscriber(subscriber)
+            return Polled(self.incarnation, [], subscriber_lost=True)
         mailbox = self._subscriber(subscriber)
         mailbox.last_seen = time.monotonic()
         if aborts:
@@ -197,6 +205,7 @@ class EngineActor:
             for subscriber in [s for s, m in self.subscribers.items() if now - m.last_seen > SUBSCRIBER_TIMEOUT_S]:
                 logger.warning("subscriber %s has not polled for %.0f s: aborting its requests", subscriber, now - self.subscribers[subscriber].last_seen)
                 del self.subscribers[subscriber]
+                self.reaped.add(subscriber)
                 self.credits.forget(subscriber)
                 await self._call(lambda s=subscriber: self._abort([r for r, owner in self.owners.items() if owner == s]))
 

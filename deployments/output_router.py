@@ -108,6 +108,9 @@ class OutputRouter:
                 await asyncio.sleep(0.5)
                 continue
             self.saw_incarnation(engine_index, polled.incarnation)
+            if polled.subscriber_lost:  # this replica was silent so long that the engine aborted its requests
+                logger.error("engine %d took this replica for dead and aborted its requests", engine_index)
+                self._fail_streams(engine_index, polled.incarnation)
             if polled.outputs:
                 try:
                     await self._route(polled.outputs)

@@ -74,6 +74,8 @@ def test_a_silent_subscribers_requests_are_aborted_and_its_mailbox_dropped(monke
             assert (await actor.stats())["subscribers"] == 1
             assert "gone" not in actor.subscribers
             assert actor.engine.num_generated("g") < LONG.max_tokens
+            assert (await actor.get_outputs("gone", timeout_s=0.05)).subscriber_lost  # told once, when it comes back
+            assert not (await actor.get_outputs("gone", timeout_s=0.05)).subscriber_lost
         finally:
             await actor.shutdown()
 

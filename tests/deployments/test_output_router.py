@@ -40,7 +40,7 @@ class ScriptedEngine:
     """An engine handle whose long poll returns ``messages`` one per call, then sets ``drained``
     (every message has been routed) and never returns; ``aborts``: those that came with the polls."""
 
-    def __init__(self, messages: list[list[EngineOutput]]) -> None:
+    def __init__(self, messages: list[list[EngineOutput] | Polled]) -> None:
         self.get_outputs = self
         self.messages = iter(messages)
         self.drained = asyncio.Event()
@@ -52,7 +52,7 @@ class ScriptedEngine:
         if message is None:
             self.drained.set()
             await asyncio.Event().wait()
-        return Polled(1, message)
+        return message if isinstance(message, Polled) else Polled(1, message)
 
 
 def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
@@ -62,14 +62,14 @@ def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[s
     return deltas.text, deltas.finish_reason, aborts
 
 
-def route_to_mailbox(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[Mailbox, list[str]]:
+def route_to_mailbox(messages: list[list[EngineOutput] | Polled], params: SamplingParams, incarnation: int | None = None) -> tuple[Mailbox, list[str]]:
     """Feed engine messages through an OutputRouter to one choice's mailbox; that mailbox and the aborts."""
 
     async def run() -> tuple[Mailbox, list[str]]:
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")
-        stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params))
+        stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params), incarnation=incarnation)
         engine = ScriptedEngine(messages)
         router = OutputRouter([engine], "sub", detok, IngressMetrics())
         router.register(stream)  # before the router's first poll runs
@@ -102,3 +102,9 @@ def test_an_engine_error_output_ends_the_stream_with_its_message(client_fault, s
         mailbox, aborts = route_to_mailbox(messages, SamplingParams())
         assert mailbox.error is not None and (mailbox.error.status, mailbox.error.message) == (status, "row 3 broke")
         assert aborts == []  # the engine already finished it
+
+
+def test_a_replica_the_engine_took_for_dead_ends_its_streams():
+    params = SamplingParams(temperature=0.0, max_tokens=100)
+    mailbox, _ = route_to_mailbox([[EngineOutput("r", IDS[:1], 1)], Polled(1, [], subscriber_lost=True)], params, incarnation=1)
+    assert mailbox.error is not None and mailbox.error.code == "engine_failed"
