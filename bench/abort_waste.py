@@ -9,12 +9,12 @@
   needed are the stream's ``usage.completion_tokens`` (the ingress keeps the tokens up
   to the one that completes the stop).
 - disconnect: tokens generated after the client closed its stream, i.e. the count once
-  the engine is idle less the count at the close (after 8 tokens). The count is asked for in
-  the same instant as the close (the call is sent, then the connection closed, then the
-  answer awaited), so it is the engine's count about when the ingress learns of the close,
-  and the figure is the ingress's and engine's waste alone. (Reading the count first and
-  closing once it came back, as this benchmark did before, added the client's own lag: at
-  256 streams, 256 reads queue behind the engine's steps before any stream closes.)
+  the engine is idle less the count right after the close (after 8 tokens): the client
+  closes the connection, then asks the engine for the request's count. The count call
+  takes Ray's delivery time to land (a few ms), so the figure can be up to about one step
+  under the tokens made since the socket closed; asking before the close instead counts
+  the client's own lag in closing (one Python client reading 256 streams), which is not
+  the server's waste.
 
 At 16 streams each row pools 4 rounds (64 requests).
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ from contextlib import aclosing
 import httpx
 import ray
 
-from bench.common import print_table, write_results
+from bench.common import print_table, quietness, write_results
 from bench.load_client import percentile
 from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
@@ -113,19 +114,19 @@ async def stop_string_stream(client: httpx.AsyncClient, model: str, index: int, 
 
 
 async def disconnecting_stream(client: httpx.AsyncClient, engine: object, model: str, index: int) -> tuple[str, int]:
-    """Read ``READ_BEFORE_CLOSE`` tokens, then ask the engine for the request's count and close the
-    connection in the same instant; the id and that count."""
+    """Read ``READ_BEFORE_CLOSE`` tokens, close the connection, and ask the engine for the request's
+    count as soon as the close returns (the client has left then); the id and that count."""
     received = 0
     async with aclosing(chunks(client, greedy_body(model, index, DISCONNECT_MAX_TOKENS, logprobs=0))) as stream:
         async for chunk in stream:
             received += sum(len(c["logprobs"]["tokens"]) for c in chunk["choices"] if c["logprobs"])
             if received >= READ_BEFORE_CLOSE:
                 request_id = f"{chunk['id']}-0"
-                at_close = engine.num_generated.remote([request_id])  # type: ignore[attr-defined]
-                break  # leaving the block closes the connection at once
+                break  # leaving the block closes the connection
         else:
             raise RuntimeError(f"request {index} ended before the client left")
-    return request_id, (await at_close)[request_id]
+    at_close = await engine.num_generated.remote([request_id])  # type: ignore[attr-defined]
+    return request_id, at_close[request_id]
 
 
 async def stop_string_round(client: httpx.AsyncClient, engine: object, model: str, stops: list[str]) -> tuple[list[int], float]:
@@ -199,13 +200,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny-random only")
     parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.serve_cluster)")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]
     rows: list[dict] = []
     with ServeCluster(args.proxy) as cluster:
         for model in models:
             rows += [{"proxy": args.proxy} | row for row in run_model(cluster, model)]
     print_table(rows)
-    print(f"wrote {write_results('abort_waste', rows, quick=args.quick)}")
+    print(f"wrote {write_results('abort_waste', rows, quick=args.quick, **quietness(load_before))}")
 
 
 if __name__ == "__main__":

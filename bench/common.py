@@ -41,6 +41,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def quietness(load_average_before: float) -> dict[str, object]:
+    """Whether the machine was quiet when the benchmark began (1-minute load average under 1)."""
+    return {"load_average_before": round(load_average_before, 2), "quiet_machine": load_average_before < 1.0}
+
+
 def print_table(rows: list[dict[str, object]]) -> None:
     if not rows:
         return

@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 
-from bench.common import print_table, write_results
+from bench.common import print_table, quietness, write_results
 from bench.load_client import completion_body, latency_fields, post_json, reference_texts, run_streams
 from bench.serve_cluster import ServeCluster
 from bench.serve_load import HOST, MAIN_PROXY, warm_up
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                 print_table([row])
                 time.sleep(1.0)
     print_table(rows)
-    quiet = load_before < 1.0
-    print(f"wrote {write_results('noisy_neighbour', rows, model=MODEL, app_args=APP_ARGS, quiet_machine=quiet, load_average_before=load_before)}")
+    print(f"wrote {write_results('noisy_neighbour', rows, model=MODEL, app_args=APP_ARGS, **quietness(load_before))}")
 
 
 if __name__ == "__main__":
