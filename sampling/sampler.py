@@ -200,7 +200,8 @@ class Sampler:
         vocab = scaled.shape[1]
         coin = uniform(keys, torch.tensor([XTC_COIN_TOKEN], device=keys.device)).squeeze(1)
         if batch.uses["unbounded"] == 0:
-            for width in sorted({max(w, batch.max_top_k()) for w in self.candidate_widths}):
+            # One candidate past the largest top_k, to see whether a tie at the k-th value goes on.
+            for width in sorted({max(w, batch.max_top_k() + 1) for w in self.candidate_widths}):
                 if width >= vocab:
                     break
                 c = top_candidates(scaled, width)

@@ -17,8 +17,9 @@ All operate on the distribution left by the previous stages (renormalised), per 
 
 The torch path avoids sorting the vocabulary when it can: it takes the ``width``
 most probable tokens with `torch.topk` and runs every stage there. A row is *covered*
-when its kept set provably lies inside those candidates (top-k bounds it, or the last
-candidate was dropped by an upper-set stage with exact masses). If a row is not
+when its kept set provably lies inside those candidates (top-k dropped the last
+candidate, so no tie at the k-th value reaches past it; or the last candidate was dropped
+by an upper-set stage with exact masses). If a row is not
 covered, the caller retries with a wider set, the last width being the whole
 vocabulary (a full sort); deciding that reads one bool on the host, which on CPU
 costs nothing (on CUDA the Triton kernels run instead).
@@ -80,13 +81,14 @@ def apply_truncations(c: Candidates, p: RowParams, stages: frozenset[str], coin:
     coin: [n] uniform in (0, 1), XTC's per-row chance.
     """
     width = c.keep.shape[1]
-    topk_bounds = (p.top_k > 0) & (p.top_k <= width) if "top_k" in stages else torch.zeros_like(p.is_greedy)
+    topk_bounds = (p.top_k > 0) & (p.top_k < width) if "top_k" in stages else torch.zeros_like(p.is_greedy)
     tail_unknown = torch.zeros_like(p.is_greedy)
     if "min_p" in stages:
         apply_min_p(c, p.min_p)
         tail_unknown = (p.min_p > 0) & c.keep[:, -1]
     if "top_k" in stages:
         apply_top_k(c, p.top_k)
+        topk_bounds &= ~c.keep[:, -1]  # a tie at the k-th value that reaches the last candidate may go on past it
     if "top_p" in stages:
         reaches_end = c.keep[:, -1] & ~topk_bounds
         tail = torch.where(reaches_end, (1.0 - c.probs.sum(dim=-1)).clamp(min=0.0), torch.zeros_like(p.top_p))

@@ -50,3 +50,18 @@ def test_penalties_with_top_p() -> None:
     z[3] -= 0.7 + 0.4
     z[4] -= 0.7 + 0.8
     assert_matches(samples.numpy(), reference_probs(z, top_p=0.9))
+
+
+@pytest.mark.parametrize("widths", [(256,), (8,)], ids=["full-sort", "candidates-8"])
+def test_top_k_keeps_every_tie_beyond_the_candidate_set(widths: tuple[int, ...]) -> None:
+    """Ten tokens tie with the 6th largest logit at places 5..14: all ten are kept, also when the
+    candidate set (8 wide) holds only some of them."""
+    torch.manual_seed(4)
+    logits = torch.full((VOCAB,), -3.0)
+    logits[:4] = torch.tensor([2.0, 1.5, 1.2, 1.0])
+    logits[20:30] = 0.5  # away from the first columns, so ids do not give the order away
+    config = dict(top_k=6)
+    samples = draw_many(SamplingParams(**config), logits, Sampler(candidate_widths=widths))
+    expected = reference_probs(logits.numpy(), **config)
+    assert (expected[20:30] > 0).all() and (expected[30:] == 0).all()
+    assert_matches(samples.numpy(), expected)
