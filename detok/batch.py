@@ -138,9 +138,9 @@ def _decoded(item: DetokItem, q: _Queued, decodes: Decodes, table: VocabBytes | 
 
 
 def _first_match(state: DetokState, buffer: str, num_new: int) -> StopMatch | None:
-    """Earliest stop completing in the new text, if this call reaches ``min_tokens`` at all."""
+    """Earliest stop completing in the new text, if this call goes past ``min_tokens`` at all."""
     params = state.params
-    if not params.stop or state.num_output_tokens + num_new < params.min_tokens:
+    if not params.stop or state.num_output_tokens + num_new <= params.min_tokens:
         return None
     return earliest_stop(buffer, params.stop, len(state.held) + 1)
 
@@ -161,9 +161,10 @@ def _token_ends(decoded: _Decoded, prefix_texts: list[str]) -> list[int]:
 
 
 def _resolve_stop(decoded: _Decoded, ends: list[int]) -> DetokResult:
-    """Find the stop that counts from output id number ``min_tokens`` on, and how many new ids it keeps."""
+    """Find the stop that counts (completed by output id number ``min_tokens + 1`` or later, as the
+    sampler bans stop ids until ``min_tokens`` are out), and how many new ids it keeps."""
     state = decoded.item.state
-    first_counting = state.params.min_tokens - state.num_output_tokens  # 1-based index among the new ids
+    first_counting = state.params.min_tokens + 1 - state.num_output_tokens  # 1-based index among the new ids
     min_end = ends[first_counting - 2] + 1 if first_counting > 1 else len(state.held) + 1
     match = earliest_stop(decoded.buffer, state.params.stop, min_end)
     if match is None:

@@ -44,7 +44,7 @@ def fast_result(state: DetokState, new_ids: Sequence[int], finished: bool, table
     text, held = decoded[pending_sent:], ""
     if params.stop:
         text = old_held + text
-        if num + len(new_ids) >= params.min_tokens and earliest_stop(text, params.stop, len(old_held) + 1):
+        if num + len(new_ids) > params.min_tokens and earliest_stop(text, params.stop, len(old_held) + 1):
             return None
         if not finished:
             cut = max(0, len(text) - params.holdback)

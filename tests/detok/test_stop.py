@@ -70,16 +70,17 @@ def test_stop_in_prompt_or_straddling_it_is_ignored(tokenizer: Tokenizer) -> Non
 
 @pytest.mark.parametrize("min_tokens", range(0, 8))
 def test_min_tokens(tokenizer: Tokenizer, min_tokens: int) -> None:
-    """A stop counts only if it completes at output token number ``min_tokens`` or later."""
+    """A stop counts only if it completes after ``min_tokens`` output tokens (vLLM's rule, and the
+    sampler's: stop ids are banned until ``min_tokens`` are out)."""
     text = "a STOP b STOP c"
     ids = tokenizer.encode(text).ids
     first, second = completing_token(tokenizer, ids, "STOP"), completing_token(tokenizer, ids, "STOP", 3)
-    expected = text[:2] if min_tokens <= first else text[:9] if min_tokens <= second else text
+    expected = text[:2] if min_tokens < first else text[:9] if min_tokens < second else text
     params = SamplingParams(stop=["STOP"], min_tokens=min_tokens, max_tokens=None)
     for chunks in compositions(ids):
         result = stream(tokenizer, initial_state(tokenizer, [], params), chunks)
         assert result.text == expected
-        assert (result.final.stop is None) == (min_tokens > second)
+        assert (result.final.stop is None) == (min_tokens >= second)
 
 
 def test_holds_back_while_streaming_and_flushes_on_finish(tokenizer: Tokenizer) -> None:
