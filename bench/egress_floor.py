@@ -36,6 +36,7 @@ from deployments.engine_actor import Polled
 from deployments.event_stream import EventStream
 from deployments.generation import Generation, Submission
 from deployments.metrics import IngressMetrics
+from deployments.prompt_encoder import PromptEncoder
 from deployments.responses import ResponseFormat, sse
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
@@ -167,7 +168,7 @@ async def _spout_code(streams: int, frames: int) -> dict:
         return {}
 
     started = time.process_time()
-    generation = Generation([engine], "bench", tokenizer, detok, IngressMetrics())  # its router starts polling at once
+    generation = Generation([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics())  # its router starts polling at once
     responses = []
     for i in range(streams):
         mailbox = Mailbox()

@@ -15,8 +15,8 @@ from engine.loader.checkpoint import load_tokenizer
 logger = logging.getLogger(__name__)
 
 FANOUT_METRIC = "step_fanout"
-POOL_CALL_TIMEOUT_S = 10.0  # a call not answered by then is retried, then done inline
 """Custom autoscaling metric: how many pool calls the widest recent step was split into."""
+POOL_CALL_TIMEOUT_S = 10.0  # a call not answered by then is retried, then done inline
 
 
 class Detokenizer:

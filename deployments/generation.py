@@ -15,13 +15,12 @@ from deployments.errors import APIError
 from deployments.logprobs import LogprobEntry
 from deployments.metrics import IngressMetrics
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
+from deployments.prompt_encoder import PromptEncoder
 from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
-from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
-from sampling.tokenized import has_strings, tokenize_strings
 
 
 @dataclass
@@ -43,7 +42,7 @@ class Generation:
         self,
         engines: list[object],
         subscriber: str,
-        tokenizer: TextTokenizer,
+        encoder: PromptEncoder,
         detok: DetokClient,
         metrics: IngressMetrics,
         stream_interval: int = 1,
@@ -51,7 +50,8 @@ class Generation:
         self.engines = engines
         self.stream_interval = stream_interval
         self.subscriber = subscriber
-        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.tokenizer = encoder.tokenizer
         self.metrics = metrics
         self.router = OutputRouter(engines, subscriber, detok, metrics)
         self.adders = [TickBatcher(self._adder(i)) for i in range(len(engines))]
@@ -95,8 +95,7 @@ class Generation:
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
         """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
-        # Once per HTTP request, on a worker thread: the event loop and the engine thread never tokenize them.
-        strings = await asyncio.to_thread(tokenize_strings, params, self.tokenizer.encode) if has_strings(params) else None
+        strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval)
         streams, requests, echo_texts = [], [], []

@@ -100,7 +100,7 @@ class Ingress:
     async def _start(self) -> Generation:
         lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
-        return Generation(self.engines, self.subscriber, self.tokenizer, self.detok, self.metrics, self.args.stream_interval)
+        return Generation(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval)
 
     async def __call__(self, request: Request) -> Response:
         try:

@@ -1,8 +1,9 @@
 """`PromptEncoder`: client text to token ids on a few worker threads, never on the ingress event loop.
 
 Tokenizing a long prompt or rendering a chat template costs milliseconds; on the event loop
-every other stream of the replica would wait. Each request's prompts are encoded once, in one
-job, on a small bounded pool, so a burst of large prompts queues there instead.
+every other stream of the replica would wait. Each request's prompts, and its other strings
+(bad words, DRY breakers, negative prompt), are encoded once, on a small bounded pool, so a
+burst of large requests queues there instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.tokenizer import TextTokenizer
+from sampling.params import SamplingParams
+from sampling.tokenized import TokenizedStrings, has_strings, tokenize_strings
 
 ENCODE_WORKERS = 2
 
@@ -29,6 +32,12 @@ class PromptEncoder:
     async def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
         """The chat template's prompt for ``messages``; raises `engine.tokenizer.ChatTemplateError`."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.tokenizer.encode_chat, messages, add_generation_prompt)
+
+    async def strings(self, params: SamplingParams) -> TokenizedStrings | None:
+        """The request's strings as ids (`tokenize_strings`); None when it has none."""
+        if not has_strings(params):
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self.pool, tokenize_strings, params, self.tokenizer.encode)
 
     def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]

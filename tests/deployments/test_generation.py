@@ -14,6 +14,7 @@ from deployments.engine_actor import Added, Polled
 from deployments.errors import APIError
 from deployments.generation import Generation
 from deployments.metrics import IngressMetrics
+from deployments.prompt_encoder import PromptEncoder
 from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
@@ -67,7 +68,7 @@ class SlowEngine:
 
 def new_generation(engine: SlowEngine) -> Generation:
     detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-    return Generation([engine], "sub", TOKENIZER, detok, IngressMetrics())
+    return Generation([engine], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
 
 
 def submit(generation: Generation):
@@ -111,7 +112,7 @@ def test_requests_go_to_the_engine_with_the_fewest_live_choices():
     async def run() -> None:
         engines = [SlowEngine(), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation(engines, "sub", TOKENIZER, detok, IngressMetrics())
+        generation = Generation(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
         first = await submit(generation)  # n=2 on engine 0
         assert [s.engine_index for s in first.streams] == [0, 0]
         second = await submit(generation)
@@ -140,7 +141,7 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
     async def run() -> tuple[SlowEngine, threading.Thread]:
         engine = SlowEngine()
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation([engine], "sub", tokenizer, detok, IngressMetrics())
+        generation = Generation([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics())
         fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
         await generation.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
         return engine, threading.current_thread()
@@ -180,7 +181,7 @@ def test_new_requests_skip_an_engine_whose_poll_fails_until_it_answers_again():
     async def run() -> None:
         engines = [SlowEngine(dead=True), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation(engines, "sub", TOKENIZER, detok, IngressMetrics())
+        generation = Generation(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         while 0 not in generation.router.down:
