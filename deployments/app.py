@@ -12,6 +12,8 @@ from deployments.detok_pool import Detokenizer, fanout_autoscaling_policy
 from deployments.ingress import Ingress
 
 QUIET_LOGS = {"enable_access_log": False, "log_level": "WARNING"}
+DETOK_RESOURCE_UNITS = 0.01
+"""Of ``detok_resource`` per detokenizer replica: a node offering one unit hosts up to 100."""
 
 
 def build_app(args: dict[str, str] | None = None) -> Application:
@@ -33,7 +35,7 @@ def build_app(args: dict[str, str] | None = None) -> Application:
             "downscale_delay_s": config.detok_downscale_delay_s,
         },
         max_ongoing_requests=16,
-        ray_actor_options={"num_cpus": 0.5},
+        ray_actor_options={"num_cpus": 0.5} | ({"resources": {config.detok_resource: DETOK_RESOURCE_UNITS}} if config.detok_resource else {}),
         logging_config=QUIET_LOGS,
     ).bind(config.model)
     ingress = serve.deployment(
@@ -41,7 +43,7 @@ def build_app(args: dict[str, str] | None = None) -> Application:
         name="Ingress",
         num_replicas=config.ingress_replicas,
         max_ongoing_requests=100_000,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0} | ({"resources": {config.ingress_resource: 1}} if config.ingress_resource else {}),
         logging_config=QUIET_LOGS,
     )
     return ingress.bind(config.model_dump(), detok)

@@ -29,7 +29,12 @@ class ServeArgs(RequestLimits):
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
-    num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
+    num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
+    engine_resource: str | None = Field(
+        None, min_length=1, description="A custom Ray resource marking engine places, one engine per unit (accelerators Ray does not count as GPUs; tests)."
+    )
+    detok_resource: str | None = Field(None, min_length=1, description="A custom Ray resource the nodes for detokenizer replicas offer (e.g. CPU-only nodes).")
+    ingress_resource: str | None = Field(None, min_length=1, description="A custom Ray resource marking ingress places, one ingress replica per unit.")
     detok_min_replicas: int = Field(1, ge=0)
     detok_max_replicas: int = Field(2, ge=1)
     detok_tokens_per_call: int = Field(

@@ -50,14 +50,23 @@ def _engine_prefix(app_name: str) -> str:
     return f"spout-engine/{app_name}/"
 
 
+def engine_placement(args: ServeArgs, cluster_resources: dict[str, float]) -> tuple[int, dict[str, object]]:
+    """How many engine actors, and the Ray options that place each: one per unit of
+    ``engine_resource`` when set, else one per GPU (``num_gpus=1``), else one CPU engine."""
+    if args.engine_resource is not None:
+        units = int(cluster_resources.get(args.engine_resource, 0))
+        return args.num_engines or max(units, 1), {"num_cpus": 1, "resources": {args.engine_resource: 1}}
+    gpus = int(cluster_resources.get("GPU", 0))
+    return args.num_engines or max(gpus, 1), {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+
+
 def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
-    """The application's engine actors, one per GPU (or one on CPU): created by the first replica
-    that asks, then found by name. They are detached, so they belong to the application, not to
-    that replica: they outlive every ingress replica, and Ray restarts them when they die.
-    `kill_engines` removes them (Ray's shutdown does too)."""
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    count = args.num_engines or max(gpus, 1)
-    resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    """The application's engine actors (`engine_placement`): created by the first replica that
+    asks, then found by name. They are detached, so they belong to the application, not to that
+    replica: they outlive every ingress replica, and Ray restarts them when they die (on a node
+    with their resource, waiting for one to join if none is left). `kill_engines` removes them
+    (Ray's shutdown does too)."""
+    count, resources = engine_placement(args, ray.cluster_resources())
     actor = ray.remote(max_restarts=-1, max_concurrency=10_000)(EngineActor)
     return [
         actor.options(name=engine_name(app_name, args.model_name, i), namespace=ENGINE_NAMESPACE, lifetime="detached", get_if_exists=True, **resources).remote(

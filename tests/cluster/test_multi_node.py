@@ -1,0 +1,79 @@
+"""Spout on a multi-node Ray cluster (several raylets on loopback): placement, exact streams, and
+losing a detokenizer node, an engine node and an ingress node under load (`tests.cluster.multi_node`,
+run in its own process since a process joins one Ray cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO_TIMEOUT_S = 900
+ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address stays on loopback
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # each ingress replica on its own port, as README recommends
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cluster.multi_node"],
+        cwd=ROOT,
+        env=os.environ | ENV,
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def exact_and_clean(streams: list[dict]) -> bool:
+    return all(s["exact"] and s["error"] is None for s in streams)
+
+
+def test_placement_follows_the_resources(report: dict) -> None:
+    placement = report["placement"]
+    assert placement["engine"] == ["engine-0", "engine-1"]  # one engine per spout_engine node
+    assert len(placement["detok"]) == 2 and set(placement["detok"]) <= {"detok-0", "detok-1"}
+    assert placement["ingress"] == ["head", "ingress"]
+    assert report["subscribers"] == [2, 2], "every ingress replica serves every engine"
+
+
+def test_streams_equal_their_non_streaming_twins(report: dict) -> None:
+    assert exact_and_clean(report["streams"])
+
+
+def test_losing_a_detokenizer_node_loses_no_stream(report: dict) -> None:
+    assert exact_and_clean(report["detok_node_removed"])
+    assert all(node.startswith("detok-") for node in report["placement_after"]["detok"])
+
+
+def test_losing_an_engine_node_fails_only_its_streams(report: dict) -> None:
+    streams = report["engine_node_removed"]
+    failed = [s for s in streams if s["error"] is not None]
+    assert failed and len(failed) < len(streams), "both engines had streams"
+    assert all(s["error"] == "engine_failed" for s in failed), "an error frame, not a dropped connection"
+    assert all(s["exact"] for s in streams if s["error"] is None)
+    assert exact_and_clean(report["after_engine_loss"]), "new requests go to the surviving engine"
+
+
+def test_capacity_returns_when_an_engine_node_joins(report: dict) -> None:
+    assert report["engine_back"]
+    assert sorted(report["placement_after"]["engine"]) == ["engine-1", "engine-again"]
+    assert exact_and_clean(report["after_engine_back"])
+
+
+def test_losing_an_ingress_node_leaves_the_other_replica_serving(report: dict) -> None:
+    streams = report["ingress_node_removed"]
+    assert all(s["error"] is None and s["tokens_text"] > 0 for s in streams if s["replica"] == "head")
+    assert all(s["error"] is not None for s in streams if s["replica"] == "ingress")
+    assert report["served_after_ingress_loss"]["error"] is None
+    assert report["engines_idle_after_ingress_loss"], "the dead replica's requests were aborted in the engines"
