@@ -73,6 +73,15 @@ def _kept(x, w, t, floor, log_z, entropy, tau, cap):
 
 
 @triton.jit
+def _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy, tau, cap,
+                BLOCK_V: tl.constexpr):  # fmt: skip
+    """The vocabulary chunk at ``start``: its columns [C], shifted logits x, weights w and keep predicate [R, C]."""
+    cols = start + tl.arange(0, BLOCK_V)
+    x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
+    return cols, x, w, _kept(x, w, t, floor, log_z, entropy, tau, cap)
+
+
+@triton.jit
 def _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK_V):
@@ -90,9 +99,8 @@ def _mass(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, t
     mass = tl.zeros([BLOCK_R], tl.float32)
     w_log_w = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(x, w, t, floor, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         mass += tl.sum(tl.where(keep, w, 0.0), axis=1)
         w_log_w += tl.sum(tl.where(keep & (w > 0), w * tl.log(w), 0.0), axis=1)
     return mass, w_log_w
@@ -111,9 +119,8 @@ def _logit_spread(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, en
     squares = tl.zeros([BLOCK_R], tl.float32)
     top = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(x, w, t, floor, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         chunk_count = tl.sum(keep.to(tl.float32), axis=1)
         chunk_mean = tl.sum(tl.where(keep, x, 0.0), axis=1) / tl.maximum(chunk_count, 1.0)
         deviation = tl.where(keep, x - chunk_mean[:, None], 0.0)
@@ -142,9 +149,8 @@ def _probe(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, 
         inner = tl.zeros([BLOCK_R], tl.float32)
         outer = tl.full([BLOCK_R], float("inf"), tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(x, w, t, floor, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         if BY_SCORE:
             value = tl.abs(log_z[:, None] - tl.log(w) - entropy[:, None])
             selected = keep & (value <= probe[:, None])
@@ -273,9 +279,8 @@ def truncate_and_draw_kernel(
     mass = tl.zeros([BLOCK_R], tl.float32)
     draft_w = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(x, w, t, floor, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         racing = keep
         if HAS_DRAFTS:
             is_draft = cols.to(tl.int64)[None, :] == draft[:, None]

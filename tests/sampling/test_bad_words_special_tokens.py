@@ -9,6 +9,8 @@ callable the ingress and `engine.generate` pass to `tokenize_strings`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -56,12 +58,12 @@ def ids(tokenizer: TextTokenizer, *tokens: str) -> tuple[int, ...]:
 
 
 @TOKENIZERS
-def test_the_tokenizer_adds_bos(make) -> None:  # noqa: ANN001
+def test_the_tokenizer_adds_bos(make: Callable[[], TextTokenizer]) -> None:
     assert make().encode("bad")[0] == BOS
 
 
 @TOKENIZERS
-def test_bad_words_and_breakers_have_no_post_processor_tokens_the_negative_prompt_has(make) -> None:  # noqa: ANN001
+def test_bad_words_and_breakers_have_no_post_processor_tokens_the_negative_prompt_has(make: Callable[[], TextTokenizer]) -> None:
     tokenizer = make()
     params = SamplingParams(bad_words=["bad", "a word"], dry_multiplier=0.5, dry_sequence_breakers=["bad"],
                             guidance_scale=2.0, negative_prompt="bad")  # fmt: skip
@@ -106,7 +108,7 @@ class GreedyRow:
 
 
 @TOKENIZERS
-def test_a_one_token_bad_word_is_never_sampled(make) -> None:  # noqa: ANN001
+def test_a_one_token_bad_word_is_never_sampled(make: Callable[[], TextTokenizer]) -> None:
     tokenizer = make()
     bad, other = ids(tokenizer, "▁bad" if make is sentencepiece else "bad", "d")
     row = GreedyRow(tokenizer, ["bad"])
