@@ -1,8 +1,15 @@
 """Detokenizer benchmark: microseconds per output token, streaming one token per step.
 
 Methods, same run, same token streams: English-like words, code and digits, with 3% of words
-emoji, CJK, Korean or accented (their tokens often split characters, which takes the exact
-general path; the rest takes the no-decode fast path):
+emoji, CJK, Korean or accented, for each decoder family:
+
+- ``byte-level``: the default model's tokenizer (exotic words' tokens often split characters,
+  which takes the exact general path; the rest takes the no-decode fast path);
+- ``byte-fallback`` and ``metaspace``: SentencePiece-style tokenizers trained on the same text
+  (`bench.sentencepiece_like`), where exotic characters become ``<0xXX>`` runs or ``<unk>``;
+  every token takes the general path (one ``decode_batch`` per step).
+
+The methods:
 
 - ``ours``: `detok.detokenize_batch` over all streams each step (one call per step),
   including building the items and taking the new states, as the serving layer would.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
 import time
@@ -35,12 +43,14 @@ import tokenizers
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from bench.common import write_results
+from bench.common import quietness, write_results
+from bench.sentencepiece_like import train
 from detok import DetokItem, detokenize_batch, initial_state
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
 
 LENGTHS = (100, 1000, 4000, 16000, 32000)
+FAMILY_LENGTHS = {"byte-level": LENGTHS, "byte-fallback": (100, 32000), "metaspace": (100, 32000)}
 STREAMS, QUICK_STREAMS = 256, 16
 REDECODE_STREAMS, REDECODE_SAMPLES = 8, 200
 WORDS = (
@@ -52,14 +62,26 @@ EXOTIC = "😀 🎉 👍 🤗 中文 字符 日本語 한국어 café naïve —
 EXOTIC_RATE = 0.03
 
 
+def corpus_text(seed: int) -> str:
+    """2000 words of deterministic mixed text."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(EXOTIC if rng.random() < EXOTIC_RATE else WORDS) + ("\n" if rng.random() < 0.08 else " ") for _ in range(2000))
+
+
 def corpus_ids(tokenizer: Tokenizer, count: int) -> list[int]:
     """At least ``count`` ids of deterministic mixed text."""
-    rng = random.Random(0)
     ids: list[int] = []
+    seed = 0
     while len(ids) < count:
-        words = [rng.choice(EXOTIC if rng.random() < EXOTIC_RATE else WORDS) + ("\n" if rng.random() < 0.08 else " ") for _ in range(2000)]
-        ids += tokenizer.encode("".join(words)).ids
+        ids += tokenizer.encode(corpus_text(seed)).ids
+        seed += 1
     return ids
+
+
+def family_tokenizers() -> dict[str, Tokenizer]:
+    text = "".join(corpus_text(1000 + n) for n in range(10))
+    default = load_tokenizer(DEFAULT_MODEL).tokenizer
+    return {"byte-level": default, "byte-fallback": train(text, byte_fallback=True), "metaspace": train(text, byte_fallback=False)}
 
 
 def offsets(ids: list[int], length: int, streams: int) -> list[int]:
@@ -132,41 +154,56 @@ def check_exact(tokenizer: Tokenizer, ids: list[int]) -> None:
 
 
 def summarize(rows: list[dict]) -> dict:
-    us = {(r["method"], r["length"]): r["us_per_token"] for r in rows}
+    """Per family: how ours grows from 100 to 32000 tokens, and ours over DecodeStream."""
+    us = {(r["family"], r["method"], r["length"]): r["us_per_token"] for r in rows}
     return {
-        "ours_32000_over_100": round(us["ours", 32000] / us["ours", 100], 2),
-        "ours_over_decode_stream": {n: round(us["ours", n] / us["decode_stream", n], 2) for n in LENGTHS},
+        family: {
+            "ours_32000_over_100": round(us[family, "ours", 32000] / us[family, "ours", 100], 2),
+            "ours_over_decode_stream": {n: round(us[family, "ours", n] / us[family, "decode_stream", n], 2) for n in lengths},
+        }
+        for family, lengths in FAMILY_LENGTHS.items()
     }
 
 
 def print_table(rows: list[dict], summary: dict) -> None:
-    us = {(r["method"], r["length"]): r["us_per_token"] for r in rows}
+    us = {(r["family"], r["method"], r["length"]): r["us_per_token"] for r in rows}
     streams = {r["method"]: r["streams"] for r in rows}
-    print(f"{'us/token':<28}" + "".join(f"{n:>10}" for n in LENGTHS))
-    for m in RUNS:
-        print(f"{f'{m} ({streams[m]} streams)':<28}" + "".join(f"{us[m, n]:>10.2f}" for n in LENGTHS))
-    ratios = summary["ours_over_decode_stream"]
-    print(f"ours 32000/100: {summary['ours_32000_over_100']}x; ours/decode_stream: {ratios}")
+    print(f"{'us/token':<42}" + "".join(f"{n:>10}" for n in LENGTHS))
+    for family, lengths in FAMILY_LENGTHS.items():
+        for m in RUNS:
+            cells = "".join(f"{us[family, m, n]:>10.2f}" if n in lengths else f"{'':>10}" for n in LENGTHS)
+            print(f"{f'{family} {m} ({streams[m]} streams)':<42}" + cells)
+    for family, numbers in summary.items():
+        print(f"{family}: ours 32000/100 {numbers['ours_32000_over_100']}x; ours/decode_stream {numbers['ours_over_decode_stream']}")
+
+
+def run_family(tokenizer: Tokenizer, family: str, streams: int, rows: list[dict], means: dict) -> None:
+    """Time every method on one family's tokenizer at its lengths; rows and means are appended."""
+    lengths = FAMILY_LENGTHS[family]
+    ids = corpus_ids(tokenizer, max(lengths) + 9973 * 2)
+    check_exact(tokenizer, ids[:2000])  # also builds the per-tokenizer tables before timing
+    for length in lengths:
+        for name, run in RUNS.items():
+            n = min(streams, REDECODE_STREAMS) if name == "full_redecode" else streams
+            times = run(tokenizer, ids, offsets(ids, length, n), length)
+            us = us_per_token(name, times, n)
+            rows.append({"family": family, "method": name, "length": length, "streams": n, "us_per_token": round(us, 3)})
+            means[f"{family}/{name}/{length}"] = round(statistics.mean(times) / n * 1e6, 3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Detokenizer benchmark (see module docstring).")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STREAMS} streams instead of {STREAMS}")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     streams = QUICK_STREAMS if args.quick else STREAMS
-    tokenizer = load_tokenizer(DEFAULT_MODEL).tokenizer
-    ids = corpus_ids(tokenizer, max(LENGTHS) + 9973 * 2)
-    check_exact(tokenizer, ids[:2000])  # also builds the byte table before timing
+    families = family_tokenizers()
     gc.collect()
     gc.freeze()
-    rows, means = [], {}
-    for length in LENGTHS:
-        for name, run in RUNS.items():
-            n = min(streams, REDECODE_STREAMS) if name == "full_redecode" else streams
-            times = run(tokenizer, ids, offsets(ids, length, n), length)
-            us = us_per_token(name, times, n)
-            rows.append({"method": name, "length": length, "streams": n, "us_per_token": round(us, 3)})
-            means[f"{name}/{length}"] = round(statistics.mean(times) / n * 1e6, 3)
+    rows: list[dict] = []
+    means: dict[str, float] = {}
+    for family, tokenizer in families.items():
+        run_family(tokenizer, family, streams, rows, means)
     summary = summarize(rows)
     print_table(rows, summary)
     path = write_results(
@@ -177,6 +214,7 @@ def main() -> None:
         notes=__doc__.split("\n\n", 1)[1].rsplit("\n\nUsage", 1)[0],
         summary=summary,
         mean_us_per_token=means,
+        **quietness(load_before),
     )
     print(f"wrote {path}")
 

@@ -5,8 +5,8 @@ the text to send, the next state, a stop hit, an error, and logprob token string
 never affect each other and inputs are never modified, so a call can be retried or run
 on any replica. A finished or stopped request's later items are no-ops (with ids: errors).
 
-Tokenizer calls per batch: none for items `detok.fast` decides (byte-level tokenizers, the
-common case); for the rest one ``decode_batch`` per ``skip_special_tokens`` value in use,
+Tokenizer calls per batch: none for items `detok.fast` decides (the common case for byte-level
+and SentencePiece-style tokenizers); for the rest one ``decode_batch`` per ``skip_special_tokens`` value in use,
 plus one more per value only for items where a stop string matched inside a call that
 brought several ids (to find the id that completed it).
 
@@ -28,10 +28,11 @@ from tokenizers import Tokenizer
 
 from detok.api import DetokItem, DetokResult, StopHit
 from detok.decodes import Decodes
-from detok.fast import fast_result
-from detok.incremental import Advance, advance, context_chars, rebase_point, stable_end, window_sequences
+from detok.fast import fast_pieces_result, fast_result
+from detok.incremental import Advance, advance, context_chars, final_chars, rebase_point, window_sequences
+from detok.pieces import Pieces, pieces_of
 from detok.state import DetokState
-from detok.stop import StopMatch, earliest_stop, split_held, stop_output
+from detok.stop import StopMatch, earliest_stop, split_tail, stop_output
 from detok.token_strings import TokenString, token_strings
 from detok.vocab_bytes import VocabBytes, vocab_bytes
 
@@ -51,46 +52,51 @@ def detokenize_batch(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[D
     """Advance every item; results are in item order. One item's bad input fails only that item."""
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     table = vocab_bytes(tokenizer)
+    pieces = None if table is not None else pieces_of(tokenizer)
     results: list[DetokResult] = [None] * len(items)  # type: ignore[list-item]
     decodes = Decodes()
     queued = []
     for n, item in enumerate(items):
         state, new_ids, finished, logprob_ids = item
-        if table is not None and not logprob_ids:
-            results[n] = fast_result(state, new_ids, finished, table, vocab_size)  # type: ignore[call-overload]
+        if not logprob_ids:
+            if table is not None:
+                results[n] = fast_result(state, new_ids, finished, table, vocab_size)  # type: ignore[call-overload]
+            elif pieces is not None:
+                results[n] = fast_pieces_result(state, new_ids, finished, pieces, vocab_size)  # type: ignore[call-overload]
             if results[n] is not None:
                 continue
         error = _check(item, vocab_size)
         if error is not None:
             results[n] = DetokResult("", state, error=error)
         elif (new_ids or finished or logprob_ids) and not state.done:
-            queued.append(_queue(n, item, decodes, table is not None))
+            queued.append(_queue(n, item, decodes, pieces))
         else:
             results[n] = DetokResult("", state)
     decodes.run(tokenizer)
-    stops: list[tuple[int, _Decoded, int]] = []
+    stops: list[tuple[int, _Decoded, list[tuple[int, ...]], int]] = []
     offsets = Decodes()
     for q in queued:
         item = items[q.index]
         if q.index in decodes.failed:
             results[q.index] = DetokResult("", item.state, error=decodes.failed[q.index])
             continue
-        decoded = _decoded(item, q, decodes, table)
+        decoded = _decoded(item, q, decodes, table, pieces)
         match = _first_match(item.state, decoded.buffer, len(item.new_token_ids))
         if match is not None and len(item.new_token_ids) > 1:
             skip = item.state.params.skip_special_tokens
-            stops.append((q.index, decoded, offsets.add(q.index, skip, _prefixes(item, q))))
+            prefixes = _prefixes(item, q)
+            stops.append((q.index, decoded, prefixes, offsets.add(q.index, skip, prefixes)))
         else:
             results[q.index] = _finalize(decoded, match, len(item.new_token_ids))
     if stops:
         offsets.run(tokenizer)
-    for n, decoded, start in stops:
+    for n, decoded, prefixes, start in stops:
         state = items[n].state
         if n in offsets.failed:
             results[n] = DetokResult("", state, error=offsets.failed[n])
         else:
-            texts = offsets.texts[state.params.skip_special_tokens][start : start + len(items[n].new_token_ids) - 1]
-            results[n] = _resolve_stop(decoded, _token_ends(decoded, texts))
+            texts = offsets.texts[state.params.skip_special_tokens][start : start + len(prefixes)]
+            results[n] = _resolve_stop(decoded, _token_ends(decoded, prefixes, texts))
     return results
 
 
@@ -99,7 +105,7 @@ class _Decoded(NamedTuple):
 
     item: DetokItem
     ctx_chars: int
-    concatenative: bool
+    pieces: Pieces | None
     advance: Advance
     buffer: str
     token_strings: tuple[TokenString, ...]
@@ -115,26 +121,27 @@ def _check(item: DetokItem, vocab_size: int) -> str | None:
     return None
 
 
-def _queue(n: int, item: DetokItem, decodes: Decodes, concatenative: bool) -> _Queued:
+def _queue(n: int, item: DetokItem, decodes: Decodes, pieces: Pieces | None) -> _Queued:
     """Queue the decodes item ``n`` needs."""
     state = item.state
     window = state.window + tuple(item.new_token_ids)
-    rebase_at = rebase_point(state, window, concatenative)
+    rebase_at = rebase_point(state, window, pieces)
     seqs = window_sequences(state, window, rebase_at)
     start = decodes.add(n, state.params.skip_special_tokens, seqs)
-    logprobs_start = decodes.add(n, False, [(i,) for i in item.logprob_token_ids]) if item.logprob_token_ids else 0
+    anchor = pieces.anchor if pieces is not None else ()
+    logprobs_start = decodes.add(n, False, [(*anchor, i) for i in item.logprob_token_ids]) if item.logprob_token_ids else 0
     return _Queued(n, window, rebase_at, start, len(seqs), logprobs_start)
 
 
-def _decoded(item: DetokItem, q: _Queued, decodes: Decodes, table: VocabBytes | None) -> _Decoded:
+def _decoded(item: DetokItem, q: _Queued, decodes: Decodes, table: VocabBytes | None, pieces: Pieces | None) -> _Decoded:
     state = item.state
     texts = decodes.texts[state.params.skip_special_tokens][q.start : q.start + q.count]
-    step = advance(state, q.window, q.rebase_at, texts, item.finished, table is not None)
+    step = advance(state, q.window, q.rebase_at, texts, item.finished, pieces)
     strings: tuple[TokenString, ...] = ()
     if item.logprob_token_ids:
         lp_texts = decodes.texts[False][q.logprobs_start : q.logprobs_start + len(item.logprob_token_ids)]
-        strings = tuple(token_strings(item.logprob_token_ids, lp_texts, table))
-    return _Decoded(item, context_chars(state, texts), table is not None, step, state.held + step[0], strings)
+        strings = tuple(token_strings(item.logprob_token_ids, lp_texts, table, pieces))
+    return _Decoded(item, context_chars(state, texts), pieces, step, state.stop_tail + step[0], strings)
 
 
 def _first_match(state: DetokState, buffer: str, num_new: int) -> StopMatch | None:
@@ -142,7 +149,7 @@ def _first_match(state: DetokState, buffer: str, num_new: int) -> StopMatch | No
     params = state.params
     if not params.stop or state.num_output_tokens + num_new <= params.min_tokens:
         return None
-    return earliest_stop(buffer, params.stop, len(state.held) + 1)
+    return earliest_stop(buffer, params.stop, len(state.stop_tail) + 1)
 
 
 def _prefixes(item: DetokItem, q: _Queued) -> list[tuple[int, ...]]:
@@ -151,12 +158,12 @@ def _prefixes(item: DetokItem, q: _Queued) -> list[tuple[int, ...]]:
     return [q.window[: base + i] for i in range(1, len(item.new_token_ids))]
 
 
-def _token_ends(decoded: _Decoded, prefix_texts: list[str]) -> list[int]:
+def _token_ends(decoded: _Decoded, prefixes: list[tuple[int, ...]], prefix_texts: list[str]) -> list[int]:
     """For each new id, the buffer length whose text is final once that id is in."""
     state = decoded.item.state
     start = decoded.ctx_chars + state.pending_sent
-    held = len(state.held)
-    ends = [held + max(0, stable_end(decoded.ctx_chars, text, False, decoded.concatenative) - start) for text in prefix_texts]
+    tail = len(state.stop_tail)
+    ends = [tail + max(0, final_chars(state, decoded.ctx_chars, ids, text, decoded.pieces) - start) for ids, text in zip(prefixes, prefix_texts)]
     return [*ends, len(decoded.buffer)]
 
 
@@ -165,7 +172,7 @@ def _resolve_stop(decoded: _Decoded, ends: list[int]) -> DetokResult:
     sampler bans stop ids until ``min_tokens`` are out), and how many new ids it keeps."""
     state = decoded.item.state
     first_counting = state.params.min_tokens + 1 - state.num_output_tokens  # 1-based index among the new ids
-    min_end = ends[first_counting - 2] + 1 if first_counting > 1 else len(state.held) + 1
+    min_end = ends[first_counting - 2] + 1 if first_counting > 1 else len(state.stop_tail) + 1
     match = earliest_stop(decoded.buffer, state.params.stop, min_end)
     if match is None:
         return _finalize(decoded, None, len(decoded.item.new_token_ids))
@@ -177,11 +184,11 @@ def _finalize(decoded: _Decoded, match: StopMatch | None, keep: int) -> DetokRes
     state, finished = decoded.item.state, decoded.item.finished
     _, window, ctx_len, ctx_chars, pending_sent = decoded.advance
     if match is None:
-        text, held = split_held(decoded.buffer, state.params.holdback, finished)
+        text, tail = split_tail(decoded.buffer, len(state.stop_tail), state.params, finished)
         hit = None
     else:
-        text, held = stop_output(decoded.buffer, match, state.params.include_stop_str_in_output), ""
+        text, tail = stop_output(decoded.buffer, len(state.stop_tail), match, state.params.include_stop_str_in_output), ""
         hit = StopHit(match.stop, keep)
     done = finished or hit is not None
-    new_state = DetokState(window, ctx_len, ctx_chars, pending_sent, held, state.num_output_tokens + keep, done, state.params)
+    new_state = DetokState(window, ctx_len, ctx_chars, pending_sent, tail, state.num_output_tokens + keep, done, state.params)
     return DetokResult(text, new_state, hit, None, decoded.token_strings)

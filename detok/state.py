@@ -3,7 +3,7 @@
 The serving layer keeps one `DetokState` per request and passes it, with new token
 ids, to `detok.detokenize_batch`, which returns the next state. Nothing here holds a
 tokenizer, and the size is bounded whatever the output length: a few context ids, the
-ids whose text is not final yet, and at most ``max(len(stop)) - 1`` held chars.
+ids whose text is not final yet, and at most ``max(len(stop)) - 1`` chars of stop-matching tail.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import NamedTuple
 
 from tokenizers import Tokenizer
 
+from detok.pieces import REPLACEMENT, pieces_of
 from sampling.params import SamplingParams
 
 CONTEXT_TOKENS = 4
 """Most prompt ids kept as context, so the first output id decodes with its leading space."""
-
-REPLACEMENT = "\ufffd"
 
 
 class DetokParams(NamedTuple):
@@ -26,8 +25,8 @@ class DetokParams(NamedTuple):
 
     skip_special_tokens: bool
     stop: tuple[str, ...]
-    holdback: int
-    """Chars withheld while streaming: ``max(len(s) for s in stop) - 1``, or 0."""
+    stop_tail_len: int
+    """Chars of text kept for matching stop strings across calls: ``max(len(s) for s in stop) - 1``, or 0."""
     min_tokens: int
     include_stop_str_in_output: bool
 
@@ -37,15 +36,17 @@ class DetokState(NamedTuple):
 
     ``window`` is ``ctx_len`` context ids, whose text is accounted for and is ``ctx_chars``
     long (``None``: not known, decode it), followed by pending ids whose text may still
-    change; ``pending_sent`` chars of the pending text were already passed on. ``held`` is
-    text withheld, at most ``params.holdback`` chars, so a stop string can match across calls.
+    change; ``pending_sent`` chars of the pending text were already passed on. ``stop_tail``
+    is the last ``params.stop_tail_len`` chars of text so far, so a stop string can match across
+    calls: withheld from output, unless ``include_stop_str_in_output`` (the stop is sent with the
+    text anyway, so nothing needs holding back) when it was already sent.
     """
 
     window: tuple[int, ...]
     ctx_len: int
     ctx_chars: int | None
     pending_sent: int
-    held: str
+    stop_tail: str
     num_output_tokens: int
     done: bool
     params: DetokParams
@@ -54,21 +55,33 @@ class DetokState(NamedTuple):
 def initial_state(tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams) -> DetokState:
     """State for a request whose prompt is ``prompt_token_ids``, before any output.
 
-    The last prompt ids become decoding context, never output. If their text ends in
-    U+FFFD (the prompt ends inside a character or on invalid bytes) the context is
-    dropped so output bytes cannot merge with prompt bytes. One tokenizer call; raises
-    ``OverflowError`` for a negative prompt id.
+    Byte-level BPE: the last prompt ids become decoding context, never output. If their
+    text ends in U+FFFD (the prompt ends inside a character or on invalid bytes) the context
+    is dropped so output bytes cannot merge with prompt bytes. One tokenizer call; raises
+    ``OverflowError`` for a negative prompt id. Other decoders: the context is the
+    tokenizer's anchor token (`detok.pieces`) if the prompt renders any text, so the first
+    output token keeps its leading space; no tokenizer call after the first for a tokenizer.
     """
-    context = tuple(prompt_token_ids[-CONTEXT_TOKENS:])
-    text = tokenizer.decode(list(context), skip_special_tokens=params.skip_special_tokens) if context else ""
-    if text.endswith(REPLACEMENT):
-        context, text = (), ""
+    pieces = pieces_of(tokenizer)
+    skip = params.skip_special_tokens
+    if pieces is not None:
+        context = pieces.anchor if pieces.renders_text(prompt_token_ids, skip) else ()
+        ctx_chars = pieces.anchor_chars if context else 0
+    else:
+        context = tuple(prompt_token_ids[-CONTEXT_TOKENS:])
+        text = tokenizer.decode(list(context), skip_special_tokens=skip) if context else ""
+        if text.endswith(REPLACEMENT):
+            context, text = (), ""
+        ctx_chars = len(text)
+    return DetokState(context, len(context), ctx_chars, 0, "", 0, False, _fixed_params(params))
+
+
+def _fixed_params(params: SamplingParams) -> DetokParams:
     stop = tuple(params.stop)
-    fixed = DetokParams(
+    return DetokParams(
         skip_special_tokens=params.skip_special_tokens,
         stop=stop,
-        holdback=max(map(len, stop), default=1) - 1,
+        stop_tail_len=max(map(len, stop), default=1) - 1,
         min_tokens=params.min_tokens,
         include_stop_str_in_output=params.include_stop_str_in_output,
     )
-    return DetokState(context, len(context), len(text), 0, "", 0, False, fixed)

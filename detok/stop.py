@@ -1,7 +1,7 @@
 """Stop-string matching over streamed text, with the hold-back that makes it exact across calls.
 
 A request's stop strings are found in one Aho-Corasick scan of the new text and the
-held tail, so the cost is proportional to that text, not to text times stop strings.
+stop tail (`DetokState.stop_tail`), so the cost is proportional to that text, not to text times stop strings.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
+
+from detok.state import DetokParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +88,18 @@ def earliest_stop(buffer: str, stops: tuple[str, ...], min_end: int) -> StopMatc
     return None
 
 
-def split_held(buffer: str, holdback: int, final: bool) -> tuple[str, str]:
-    """Split ``buffer`` into text to send now and the last ``holdback`` chars to keep back.
+def split_tail(buffer: str, tail_len: int, params: DetokParams, final: bool) -> tuple[str, str]:
+    """Text of ``buffer`` (the old stop tail, ``tail_len`` chars, then new text) to send now, and the next stop tail.
 
-    Everything is sent when ``final``.
+    The tail is withheld unless ``include_stop_str_in_output`` (then it was sent already);
+    when ``final`` everything not sent yet goes.
     """
-    if final or holdback == 0:
-        return buffer, ""
-    cut = max(0, len(buffer) - holdback)
-    return buffer[:cut], buffer[cut:]
+    keep = buffer[max(0, len(buffer) - params.stop_tail_len) :] if params.stop_tail_len and not final else ""
+    if params.include_stop_str_in_output:
+        return buffer[tail_len:], keep
+    return buffer[: len(buffer) - len(keep)], keep
 
 
-def stop_output(buffer: str, match: StopMatch, include_stop: bool) -> str:
-    """Text of ``buffer`` to send when ``match`` ends the request."""
-    return buffer[: match.end if include_stop else match.start]
+def stop_output(buffer: str, tail_len: int, match: StopMatch, include_stop: bool) -> str:
+    """Text of ``buffer`` to send when ``match`` ends the request (the stop tail was sent if ``include_stop``)."""
+    return buffer[tail_len : match.end] if include_stop else buffer[: match.start]

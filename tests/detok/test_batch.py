@@ -69,9 +69,9 @@ def test_state_is_small_whatever_the_length(tokenizer: Tokenizer) -> None:
     assert len(ids) > 100_000
     state = initial_state(tokenizer, [], SamplingParams(stop=["<never>"]))
     result = stream(tokenizer, state, split(ids, [7, 1, 13]), finish=False)
-    assert len(result.final.state.window) <= 16 and len(result.final.state.held) == 6
+    assert len(result.final.state.window) <= 16 and len(result.final.state.stop_tail) == 6
     assert len(pickle.dumps(result.final.state)) < 300
-    assert result.text + result.final.state.held == tokenizer.decode(ids)
+    assert result.text + result.final.state.stop_tail == tokenizer.decode(ids)
 
 
 @pytest.mark.parametrize("skip", [True, False])

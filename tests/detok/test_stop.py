@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 from streaming import stream
@@ -87,7 +89,24 @@ def test_holds_back_while_streaming_and_flushes_on_finish(tokenizer: Tokenizer) 
     ids = tokenizer.encode("no stop here at all").ids
     params = SamplingParams(stop=["STOP!", "xyzzy"])
     result = stream(tokenizer, initial_state(tokenizer, [], params), [[i] for i in ids], finish=False)
-    assert len(result.final.state.held) == 4
-    assert result.text + result.final.state.held == "no stop here at all"
+    assert len(result.final.state.stop_tail) == 4
+    assert result.text + result.final.state.stop_tail == "no stop here at all"
     (flushed,) = detokenize_batch(tokenizer, [DetokItem(result.final.state, [], finished=True)])
-    assert result.text + flushed.text == "no stop here at all" and flushed.state.held == ""
+    assert result.text + flushed.text == "no stop here at all" and flushed.state.stop_tail == ""
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "general-path"])
+def test_include_stop_str_streams_at_once(tokenizer: Tokenizer, fast: bool) -> None:
+    """With the stop sent as text anyway, nothing is held back; a stop across calls still ends it."""
+    text = "no stop here at all, then STOP! and more"
+    ids = tokenizer.encode(text).ids
+    params = SamplingParams(stop=["STOP!", "xyzzy"], include_stop_str_in_output=True)
+    state, sent = initial_state(tokenizer, [], params), ""
+    with mock.patch("detok.batch.fast_result", return_value=None) if not fast else contextlib.nullcontext():
+        for k, i in enumerate(ids, start=1):
+            (result,) = detokenize_batch(tokenizer, [DetokItem(state, [i])])
+            sent, state = sent + result.text, result.state
+            if result.stop is not None:
+                break
+            assert sent == tokenizer.decode(ids[:k])
+    assert sent == text[: text.index("STOP!") + 5] and result.stop is not None
