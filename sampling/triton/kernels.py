@@ -112,7 +112,7 @@ def _logit_spread(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, en
     """Per row over kept tokens (every finite logit, underflowed weights too): (largest x, population std of x), [R].
 
     One pass: each chunk's count, mean and sum of squared deviations are merged into the
-    running ones with Chan et al.'s pairwise update, as stable as the torch path's two passes.
+    running ones with Chan et al.'s pairwise update (no E[x^2] - mean^2 cancellation).
     """
     count = tl.zeros([BLOCK_R], tl.float32)
     mean = tl.zeros([BLOCK_R], tl.float32)
