@@ -4,8 +4,12 @@ All arithmetic is on uint32 values held in int64 tensors, so torch (CPU, CUDA) a
 the Triton kernels (native uint32) compute bit-identical hashes. The noise of token
 ``t`` in a row is ``-log(u)`` with ``u = uniform(fmix32(row_key ^ token_mix(t)))``.
 
-* A seeded row's key is ``fmix32(seed_key ^ fmix32(output_position))``: a function
-  of (seed, output position) only, so its tokens do not depend on the batch.
+* A seeded row's key is ``fmix32(lo ^ fmix32(hi ^ fmix32(output_position)))`` with
+  ``lo`` / ``hi`` the low and high 32 bits of the seed: a function of (seed, output
+  position) only, so its tokens do not depend on the batch. Every one of the seed's 64
+  bits counts: two seeds that differ in one half only give different keys at every
+  position (``fmix32`` is a bijection), and any two distinct seeds differ at a position
+  except with chance 2**-32, independently from position to position.
 * An unseeded row's key is drawn from the device's default generator each step.
 """
 
@@ -29,20 +33,13 @@ def fmix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def fmix32_int(x: int) -> int:
-    """`fmix32` on a Python int (host side, for seeds)."""
-    x &= MASK32
-    x ^= x >> 16
-    x = (x * 0x85EBCA6B) & MASK32
-    x ^= x >> 13
-    x = (x * 0xC2B2AE35) & MASK32
-    return x ^ (x >> 16)
-
-
 def seed_key(seed: int) -> int:
-    """Fold a 64-bit (possibly negative) seed into a uint32 key."""
-    s = seed % 2**64
-    return fmix32_int((s & MASK32) ^ fmix32_int((s >> 32) ^ GOLDEN))
+    """The seed's 64 bits as a signed int64 (a batch column): distinct keys for distinct seeds modulo 2**64.
+
+    ``SamplingParams.seed`` takes [-2**63, 2**64); a negative seed is its two's complement,
+    as ``torch.Generator.manual_seed`` takes it (-1 and 2**64 - 1 are the same seed).
+    """
+    return (seed + 2**63) % 2**64 - 2**63
 
 
 def token_mix(token_ids: torch.Tensor) -> torch.Tensor:
@@ -51,8 +48,12 @@ def token_mix(token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(seed_keys: torch.Tensor, has_seed: torch.Tensor, output_pos: torch.Tensor) -> torch.Tensor:
-    """Per-row uint32 keys for this step, all [n]: seeded rows from (seed, position), others random."""
-    seeded = fmix32(seed_keys ^ fmix32(output_pos & MASK32))
+    """Per-row uint32 keys for this step, all [n]: seeded rows from (seed, position), others random.
+
+    seed_keys: `seed_key` of each row's seed, int64.
+    """
+    low, high = seed_keys & MASK32, (seed_keys >> 32) & MASK32
+    seeded = fmix32(low ^ fmix32(high ^ fmix32(output_pos & MASK32)))
     random = torch.randint(0, 2**32, seeded.shape, dtype=torch.int64, device=seeded.device)
     return torch.where(has_seed, seeded, random)
 

@@ -1,9 +1,10 @@
 """Sorting-free truncation + draw kernel (all six truncations of `sampling.ops.truncation`).
 
 Each program handles ``BLOCK_R`` rows and loops over the vocabulary in ``BLOCK_V``
-chunks; nothing is sorted. With ``w = exp(logit - max)`` in (0, 1], a token is kept when
+chunks; nothing is sorted. With ``x = logit - max`` and ``w = exp(x)`` in [0, 1] (0 where
+float32 underflows), a token with a finite logit is kept when
 
-    w >= t  and  |log Z - log w - H| <= tau  and  w <= cap
+    x >= floor  and  w >= t  and  |log Z - log w - H| <= tau  and  w <= cap
 
 * min-p: ``t = min_p``;
 * top-k: ``t`` = the largest value with ``count(kept) >= k`` (the k-th largest weight);
@@ -11,7 +12,9 @@ chunks; nothing is sorted. With ``w = exp(logit - max)`` in (0, 1], a token is k
 * typical-p: with Z, H the mass and entropy of the kept set, ``tau`` = the smallest value
   with ``mass(kept) > typical_p * Z`` (llama.cpp keeps tokens while the mass before them
   is <= typical_p, in order of the shifted score);
-* top-nσ: ``t = max(t, w_max * exp(-n * std))``, std of the kept tokens' logits;
+* top-nσ: ``floor = x_top - n * std``, with the largest kept ``x`` and the population std
+  over every kept finite logit (underflowed weights included, as the torch path and
+  llama.cpp take them), merged chunk by chunk in one pass (Chan et al.'s pairwise update);
 * XTC: when the row's coin says so and at least two kept tokens have ``q >= threshold``,
   ``cap`` = the smallest such weight (all but the least probable removed).
 
@@ -34,6 +37,7 @@ import triton
 import triton.language as tl
 
 ONE_BITS_PLUS_ONE = tl.constexpr(0x3F800001)  # bits(1.0) + 1: above every weight
+LOWEST = tl.constexpr(-3.4028234663852886e38)  # the lowest finite float32: a floor that keeps every finite logit
 INF_BITS = tl.constexpr(0x7F800000)  # bits(+inf): at or above every score
 
 
@@ -54,18 +58,27 @@ def _uniform(key, token):
 
 
 @triton.jit
-def _weights(logits_ptr, row_off, row_mask, cols, V, row_max):
-    """[BLOCK_R, BLOCK_V] weights exp(logit - max) of one vocabulary chunk, 0 outside."""
+def _shifted(logits_ptr, row_off, row_mask, cols, V, row_max):
+    """(x, w), both [BLOCK_R, BLOCK_V], of one vocabulary chunk: x = logit - max (-inf outside), w = exp(x)."""
     mask = row_mask[:, None] & (cols < V)[None, :]
-    x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-    return tl.exp(x - row_max[:, None])
+    x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf")) - row_max[:, None]
+    return x, tl.exp(x)
 
 
 @triton.jit
-def _kept(w, t, log_z, entropy, tau, cap):
-    """The keep predicate for a chunk of weights w [R, C]; the rest are [R]."""
+def _kept(x, w, t, floor, log_z, entropy, tau, cap):
+    """The keep predicate for a chunk of shifted logits x and weights w [R, C]; the rest are [R]."""
     score = tl.abs(log_z[:, None] - tl.log(w) - entropy[:, None])
-    return (w >= t[:, None]) & (w > 0) & (score <= tau[:, None]) & (w <= cap[:, None])
+    return (x >= floor[:, None]) & (w >= t[:, None]) & (score <= tau[:, None]) & (w <= cap[:, None])
+
+
+@triton.jit
+def _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy, tau, cap,
+                BLOCK_V: tl.constexpr):  # fmt: skip
+    """The vocabulary chunk at ``start``: its columns [C], shifted logits x, weights w and keep predicate [R, C]."""
+    cols = start + tl.arange(0, BLOCK_V)
+    x, w = _shifted(logits_ptr, row_off, row_mask, cols, V, row_max)
+    return cols, x, w, _kept(x, w, t, floor, log_z, entropy, tau, cap)
 
 
 @triton.jit
@@ -80,32 +93,49 @@ def _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R: tl.constexpr, BLOCK_V: t
 
 
 @triton.jit
-def _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
-           BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """Per row over kept tokens: count, sum w, sum w log w, sum log w, sum (log w)^2, max w."""
-    count = tl.zeros([BLOCK_R], tl.float32)
+def _mass(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+          BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row over kept tokens: (sum w, sum w log w), both [R]."""
     mass = tl.zeros([BLOCK_R], tl.float32)
     w_log_w = tl.zeros([BLOCK_R], tl.float32)
-    log_sum = tl.zeros([BLOCK_R], tl.float32)
-    log_sq = tl.zeros([BLOCK_R], tl.float32)
-    w_max = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(w, t, log_z, entropy, tau, cap)
-        log_w = tl.where(keep, tl.log(w), 0.0)
-        count += tl.sum(keep.to(tl.float32), axis=1)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         mass += tl.sum(tl.where(keep, w, 0.0), axis=1)
-        w_log_w += tl.sum(tl.where(keep, w * log_w, 0.0), axis=1)
-        log_sum += tl.sum(log_w, axis=1)
-        log_sq += tl.sum(log_w * log_w, axis=1)
-        w_max = tl.maximum(w_max, tl.max(tl.where(keep, w, 0.0), axis=1))
-    return count, mass, w_log_w, log_sum, log_sq, w_max
+        w_log_w += tl.sum(tl.where(keep & (w > 0), w * tl.log(w), 0.0), axis=1)
+    return mass, w_log_w
 
 
 @triton.jit
-def _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap, probe, BY_SCORE: tl.constexpr,
-           BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _logit_spread(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+                  BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row over kept tokens (every finite logit, underflowed weights too): (largest x, population std of x), [R].
+
+    One pass: each chunk's count, mean and sum of squared deviations are merged into the
+    running ones with Chan et al.'s pairwise update (no E[x^2] - mean^2 cancellation).
+    """
+    count = tl.zeros([BLOCK_R], tl.float32)
+    mean = tl.zeros([BLOCK_R], tl.float32)
+    squares = tl.zeros([BLOCK_R], tl.float32)
+    top = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
+        chunk_count = tl.sum(keep.to(tl.float32), axis=1)
+        chunk_mean = tl.sum(tl.where(keep, x, 0.0), axis=1) / tl.maximum(chunk_count, 1.0)
+        deviation = tl.where(keep, x - chunk_mean[:, None], 0.0)
+        merged = tl.maximum(count + chunk_count, 1.0)
+        delta = chunk_mean - mean
+        mean += delta * chunk_count / merged
+        squares += tl.sum(deviation * deviation, axis=1) + delta * delta * count * chunk_count / merged
+        count += chunk_count
+        top = tl.maximum(top, tl.max(tl.where(keep, x, float("-inf")), axis=1))
+    return top, tl.sqrt(squares / tl.maximum(count, 1.0))
+
+
+@triton.jit
+def _probe(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap, probe,
+           BY_SCORE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """Split the kept tokens at ``probe`` [R]: by weight (w >= probe) or by score (score <= probe).
 
     Returns, for the selected side: count, mass and its value nearest the boundary; for
@@ -119,9 +149,8 @@ def _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, ca
         inner = tl.zeros([BLOCK_R], tl.float32)
         outer = tl.full([BLOCK_R], float("inf"), tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(w, t, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         if BY_SCORE:
             value = tl.abs(log_z[:, None] - tl.log(w) - entropy[:, None])
             selected = keep & (value <= probe[:, None])
@@ -137,7 +166,7 @@ def _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, ca
 
 
 @triton.jit
-def _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+def _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
                               count_target, mass_target, BY_MASS: tl.constexpr,
                               BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """Largest weight threshold >= t whose kept count (or mass) still reaches the target.
@@ -149,8 +178,8 @@ def _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_
     hi = tl.full([BLOCK_R], ONE_BITS_PLUS_ONE, tl.int32)
     while tl.max(hi - lo, axis=0) > 1:
         mid = lo + (hi - lo) // 2
-        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
-                                           mid.to(tl.float32, bitcast=True), False, BLOCK_R, BLOCK_V)  # fmt: skip
+        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau,
+                                           cap, mid.to(tl.float32, bitcast=True), False, BLOCK_R, BLOCK_V)  # fmt: skip
         if BY_MASS:
             ok = mass >= mass_target
         else:
@@ -162,7 +191,7 @@ def _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_
 
 
 @triton.jit
-def _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, cap, mass_target,
+def _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, cap, mass_target,
                               BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """Smallest score threshold whose kept mass (score <= tau) exceeds the target.
 
@@ -173,8 +202,9 @@ def _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_
     no_cap = tl.full([BLOCK_R], float("inf"), tl.float32)
     while tl.max(hi - lo, axis=0) > 1:
         mid = lo + (hi - lo) // 2
-        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, no_cap, cap,
-                                           mid.to(tl.float32, bitcast=True), True, BLOCK_R, BLOCK_V)  # fmt: skip
+        count, mass, inner, outer = _probe(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy,
+                                           no_cap, cap, mid.to(tl.float32, bitcast=True), True, BLOCK_R,
+                                           BLOCK_V)  # fmt: skip
         ok = mass > mass_target
         hi = tl.where(ok, tl.maximum(tl.minimum(inner.to(tl.int32, bitcast=True), mid), lo + 1), hi)
         lo = tl.where(ok, lo, tl.minimum(outer.to(tl.int32, bitcast=True) - 1, hi - 1))
@@ -198,6 +228,7 @@ def truncate_and_draw_kernel(
     row_max = _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R, BLOCK_V)
     key = tl.load(key_ptr + rows, mask=row_mask, other=0)
     t = tl.zeros([BLOCK_R], tl.float32)
+    floor = tl.full([BLOCK_R], LOWEST, tl.float32)
     log_z = tl.zeros([BLOCK_R], tl.float32)
     entropy = tl.zeros([BLOCK_R], tl.float32)
     tau = tl.full([BLOCK_R], float("inf"), tl.float32)
@@ -206,38 +237,36 @@ def truncate_and_draw_kernel(
         t = tl.maximum(t, tl.load(min_p_ptr + rows, mask=row_mask, other=0.0))
     if HAS_TOP_K:
         k = tl.load(top_k_ptr + rows, mask=row_mask, other=0).to(tl.int32)
-        t_k = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+        t_k = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
                                         k, 0.0, False, BLOCK_R, BLOCK_V)  # fmt: skip
         t = tl.where(k > 0, t_k, t)
     if HAS_TOP_P:
         top_p = tl.load(top_p_ptr + rows, mask=row_mask, other=1.0)
-        _, total, _, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
-                                      BLOCK_R, BLOCK_V)  # fmt: skip
-        t_p = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+        total, _ = _mass(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+                         BLOCK_R, BLOCK_V)  # fmt: skip
+        t_p = _largest_weight_threshold(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
                                         0, top_p * total, True, BLOCK_R, BLOCK_V)  # fmt: skip
         t = tl.where(top_p < 1.0, t_p, t)
     if HAS_TYPICAL_P:
         typical_p = tl.load(typical_p_ptr + rows, mask=row_mask, other=1.0)
-        _, z, w_log_w, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
-                                        BLOCK_R, BLOCK_V)  # fmt: skip
+        z, w_log_w = _mass(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+                           BLOCK_R, BLOCK_V)  # fmt: skip
         log_z = tl.log(z)
         entropy = log_z - w_log_w / z
-        tau_p = _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, cap,
+        tau_p = _smallest_score_threshold(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, cap,
                                           typical_p * z, BLOCK_R, BLOCK_V)  # fmt: skip
         tau = tl.where(typical_p < 1.0, tau_p, tau)
     if HAS_TOP_N_SIGMA:
         n_sigma = tl.load(n_sigma_ptr + rows, mask=row_mask, other=0.0)
-        count, _, _, log_sum, log_sq, w_max = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy,
-                                                     tau, cap, BLOCK_R, BLOCK_V)  # fmt: skip
-        mean = log_sum / count
-        std = tl.sqrt(tl.maximum(log_sq / count - mean * mean, 0.0))
-        t = tl.where(n_sigma > 0, tl.maximum(t, w_max * tl.exp(-n_sigma * std)), t)
+        top, std = _logit_spread(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+                                 BLOCK_R, BLOCK_V)  # fmt: skip
+        floor = tl.where(n_sigma > 0, top - n_sigma * std, floor)
     if HAS_XTC:
         threshold = tl.load(xtc_threshold_ptr + rows, mask=row_mask, other=1.0)
         probability = tl.load(xtc_probability_ptr + rows, mask=row_mask, other=0.0)
-        _, z_x, _, _, _, _ = _stats(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
-                                    BLOCK_R, BLOCK_V)  # fmt: skip
-        count, _, smallest, _ = _probe(logits_ptr, row_off, row_mask, V, row_max, t, log_z, entropy, tau, cap,
+        z_x, _ = _mass(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
+                       BLOCK_R, BLOCK_V)  # fmt: skip
+        count, _, smallest, _ = _probe(logits_ptr, row_off, row_mask, V, row_max, t, floor, log_z, entropy, tau, cap,
                                        threshold * z_x, False, BLOCK_R, BLOCK_V)  # fmt: skip
         coin = _uniform(key, tl.full([BLOCK_R], -1, tl.int64))
         active = (count >= 2) & (coin <= probability) & (threshold <= 0.5) & (probability > 0)
@@ -250,9 +279,8 @@ def truncate_and_draw_kernel(
     mass = tl.zeros([BLOCK_R], tl.float32)
     draft_w = tl.zeros([BLOCK_R], tl.float32)
     for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        w = _weights(logits_ptr, row_off, row_mask, cols, V, row_max)
-        keep = _kept(w, t, log_z, entropy, tau, cap)
+        cols, x, w, keep = _kept_chunk(logits_ptr, row_off, row_mask, start, V, row_max, t, floor, log_z, entropy,
+                                       tau, cap, BLOCK_V)  # fmt: skip
         racing = keep
         if HAS_DRAFTS:
             is_draft = cols.to(tl.int64)[None, :] == draft[:, None]
@@ -269,11 +297,11 @@ def truncate_and_draw_kernel(
         if WRITE_PROCESSED:
             offsets = row_off[:, None] + cols[None, :]
             mask = row_mask[:, None] & (cols < V)[None, :]
-            x = tl.load(logits_ptr + offsets, mask=mask, other=float("-inf"))
-            tl.store(processed_ptr + offsets, tl.where(keep, x, float("-inf")), mask=mask)
+            logits = tl.load(logits_ptr + offsets, mask=mask, other=float("-inf"))
+            tl.store(processed_ptr + offsets, tl.where(keep, logits, float("-inf")), mask=mask)
     if HAS_DRAFTS:
         coin = _uniform(key, tl.full([BLOCK_R], -2, tl.int64))
-        accepted = (draft >= 0) & ((coin <= draft_w / mass) | (best < 0.0))
+        accepted = (draft >= 0) & ((coin <= draft_w / mass) | (best <= 0.0))
         best_idx = tl.where(accepted, draft, best_idx)
         tl.store(accepted_ptr + rows, accepted.to(tl.int8), mask=row_mask)
     tl.store(token_ptr + rows, best_idx, mask=row_mask)

@@ -148,7 +148,7 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
 
     engine, loop_thread = asyncio.run(asyncio.wait_for(run(), 30))
     expected = tokenize_strings(params, TOKENIZER.encode)
-    assert len(threads) == 2 + len(params.dry_sequence_breakers) + 1  # per request: bad word twice, breakers, negative prompt
+    assert len(threads) == 3 + len(params.dry_sequence_breakers) + 1  # per request: anchor and bad word twice, breakers, negative prompt
     assert loop_thread not in threads
     assert len(engine.received) == 6 and all(r.strings == expected for r in engine.received)
     assert len({id(r.strings) for r in engine.received}) == 1

@@ -8,7 +8,7 @@ from scipy import stats
 
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
-from sampling.tokenized import tokenize_strings
+from sampling.tokenized import Encode, tokenize_strings
 
 TRUNCATION_CONFIGS: dict[str, dict[str, float]] = {
     "temperature": dict(temperature=0.8),
@@ -25,11 +25,20 @@ TRUNCATION_CONFIGS: dict[str, dict[str, float]] = {
 """Sampling configurations whose distributions are checked on both paths."""
 
 
+def char_encode(vocab: int) -> Encode:
+    """A tokenizer stand-in: one id per character (``ord(c) % vocab``), no special tokens to add."""
+
+    def encode(text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % vocab for c in text]
+
+    return encode
+
+
 def batch_of(params: list[SamplingParams], vocab: int, prompt: list[int] | None = None, **kwargs) -> SamplingBatch:
     """A CPU batch with one row per params entry, rows 0..n-1."""
     batch = SamplingBatch(len(params), vocab, 64, "cpu", **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt or [0], tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
+        batch.add_request(row, p, prompt or [0], tokenize_strings(p, char_encode(vocab)))
     return batch
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_helpers import verify_layout
+from sampling_helpers import char_encode, verify_layout
 
 from sampling.batch import SamplingBatch
 from sampling.ops.segments import max_rows_bound
@@ -41,8 +41,7 @@ DRAFTS = [[5, 5], [3, 1, 3], [], [7, 7, 7, 7], [7, 8, 7, 8], [1, 4, 4, EOS], [1,
 EOS before and after min_tokens."""
 
 
-def encode(text: str) -> list[int]:
-    return [ord(c) % VOCAB for c in text]
+encode = char_encode(VOCAB)
 
 
 def make_batch(params: list[SamplingParams], vocab: int = VOCAB) -> SamplingBatch:

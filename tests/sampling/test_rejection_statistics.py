@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sampling_helpers import assert_matches, assert_same_distribution, fixed_logits, reference_probs, verify_layout
+from sampling_helpers import assert_matches, assert_same_distribution, char_encode, fixed_logits, reference_probs, verify_layout
 
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
@@ -18,7 +18,7 @@ DRAWS = 20_000
 def make_batch(params: list[SamplingParams], vocab: int, prompt: list[int], max_model_len: int = 64) -> SamplingBatch:
     batch = SamplingBatch(len(params), vocab, max_model_len, "cpu", eos_token_ids=(vocab - 1,))
     for row, p in enumerate(params):
-        batch.add_request(row, p, prompt, tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
+        batch.add_request(row, p, prompt, tokenize_strings(p, char_encode(vocab)))
     return batch
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sampling_helpers import char_encode
 
 from sampling.batch import SamplingBatch
 from sampling.ops.masks import AllTokensMaskedError
@@ -18,7 +19,7 @@ PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "trit
 def make_batch(params: list[SamplingParams], vocab: int, **kwargs) -> SamplingBatch:
     batch = SamplingBatch(len(params), vocab, 32, DEVICE, **kwargs)
     for row, p in enumerate(params):
-        batch.add_request(row, p, [0, 1], tokenize_strings(p, lambda s: [ord(c) % vocab for c in s]))
+        batch.add_request(row, p, [0, 1], tokenize_strings(p, char_encode(vocab)))
     return batch
 
 

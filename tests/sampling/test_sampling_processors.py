@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from sampling_helpers import char_encode
 
 from sampling.batch import SamplingBatch
 from sampling.ops.dry import apply_dry
@@ -16,8 +17,7 @@ from sampling.view import RowView
 VOCAB = 64
 
 
-def encode(text: str) -> list[int]:
-    return [ord(c) % VOCAB for c in text]
+encode = char_encode(VOCAB)
 
 
 def make_batch(params: list[SamplingParams], prompt: list[int] | None = None, **kwargs) -> SamplingBatch:

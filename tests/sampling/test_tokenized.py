@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sampling_helpers import char_encode
 
 from sampling.params import SamplingParams, TokenIdOutOfVocabError
 from sampling.tokenized import TokenizedStrings, has_strings, tokenize_strings
 
-
-def encode(text: str) -> list[int]:
-    return [ord(c) for c in text]
+encode = char_encode(2**21)
 
 
 def test_each_bad_word_as_given_and_after_a_space_deduplicated():
