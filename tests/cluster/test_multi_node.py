@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,14 +25,20 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.cluster.multi_node"],
-        cwd=ROOT,
-        env=os.environ | ENV,
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT_S,
-    )
+    """The scenario's report; its Ray files (sessions, the cluster address file that a later
+    ``ray.init()`` would otherwise connect to) go to a temporary directory of its own."""
+    temp_dir = tempfile.mkdtemp(prefix="spout-ray-", dir="/tmp")  # short: Ray's socket paths must fit
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.cluster.multi_node"],
+            cwd=ROOT,
+            env=os.environ | ENV | {"RAY_TMPDIR": temp_dir},
+            capture_output=True,
+            text=True,
+            timeout=SCENARIO_TIMEOUT_S,
+        )
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
