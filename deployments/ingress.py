@@ -192,8 +192,7 @@ class Ingress:
         schema = tool_call_schema(body)
         if schema is not None:
             params = constrain_to_json_schema(params, schema)
-        offered = body.tools if body.effective_tool_choice != "none" else None
-        messages, tools = template_messages(body.messages, offered, self.tokenizer.template_takes_tools)
+        messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)
         try:

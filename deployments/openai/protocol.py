@@ -134,6 +134,11 @@ class ChatCompletionRequest(_Request):
             return self.tool_choice
         return "auto" if self.tools else "none"
 
+    @property
+    def offered_tools(self) -> list[Tool] | None:
+        """The tools the model is offered: none with tool_choice "none"."""
+        return self.tools if self.effective_tool_choice != "none" else None
+
     def sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")

@@ -43,10 +43,10 @@ class ToolCallOutput:
 
 def tool_call_output(body: ChatCompletionRequest, parser_name: str, max_call_bytes: int) -> ToolCallOutput | None:
     """None when the request offers no tools to call."""
-    choice = body.effective_tool_choice
-    if choice == "none" or not body.tools:
+    choice, tools = body.effective_tool_choice, body.offered_tools
+    if not tools:
         return None
-    names = frozenset(tool.function.name for tool in body.tools)
+    names = frozenset(tool.function.name for tool in tools)
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     parser = parser_name if choice == "auto" else None
     return ToolCallOutput(parser, names, named, body.parallel_tool_calls, max_call_bytes)
