@@ -20,18 +20,11 @@ from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from engine.request import EngineOutput, FinishReason
 from sampling.params import SamplingParams
+from tests.deployments.test_engine_client import Remote
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 SCRIPT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
-
-
-class _Remote:
-    def __init__(self, method) -> None:
-        self.method = method
-
-    def remote(self, *args):
-        return self.method(*args)
 
 
 class ScriptedEngine:
@@ -40,9 +33,9 @@ class ScriptedEngine:
     def __init__(self, per_poll: int) -> None:
         self.per_poll = per_poll
         self.pending: dict[str, list[int]] = {}
-        self.add_requests = _Remote(self._add)
-        self.abort_requests = _Remote(self._abort)
-        self.get_outputs = _Remote(self._outputs)
+        self.add_requests = Remote(self._add)
+        self.abort_requests = Remote(self._abort)
+        self.get_outputs = Remote(self._outputs)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
         for request in requests:
