@@ -16,9 +16,10 @@ from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.logprobs import LogprobEntry
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
+from deployments.openai.tool_calls import ChoiceToolCalls
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
-from deployments.streams import ChoiceStream, Mailbox
+from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
 from sampling.params import SamplingParams
@@ -167,6 +168,7 @@ class EngineClient:
         tail = ""  # the last chunk, usage and [DONE] go out in one write
         try:
             offsets = [len(text) for text in submission.echo_texts]
+            calls = [ChoiceToolCalls(fmt.tool_calls) for _ in submission.streams] if fmt.tool_calls else None
             if fmt.chat or any(submission.echo_texts):
                 yield fmt.chunk_frame([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)])
             while unfinished:
@@ -176,7 +178,7 @@ class EngineClient:
                 for i, d in sorted(deltas.items()):
                     new_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
-                    choices.append(fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason, fmt.logprobs(d.logprobs, offsets[i])))
+                    choices.append(chunk_choice(fmt, i, d, offsets[i], calls[i] if calls else None))
                     offsets[i] += len(d.text)
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
@@ -215,7 +217,7 @@ class EngineClient:
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        choices = [fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
+        choices = [full_choice(fmt, i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
         return fmt.full(choices, submission.usage(completion_tokens))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
@@ -223,6 +225,26 @@ class EngineClient:
             self.metrics.ttft.observe(now - submission.arrived)
         elif new_tokens:
             self.metrics.itl.observe((now - last) / new_tokens)
+
+
+def chunk_choice(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None) -> dict[str, object]:
+    """A stream chunk's choice for ``delta``; with ``calls``, its text read for tool calls."""
+    logprobs = fmt.logprobs(delta.logprobs, offset)
+    if calls is None:
+        return fmt.chunk_choice(index, delta.text, delta.finish_reason, delta.stop_reason, logprobs)
+    text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
+    return fmt.chunk_choice(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs, tool_calls=new_calls)
+
+
+def full_choice(
+    fmt: ResponseFormat, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, logprobs: dict[str, object] | None
+) -> dict[str, object]:
+    """A whole response's choice; with the format's tool calls, its text read for them."""
+    if fmt.tool_calls is None:
+        return fmt.full_choice(index, text, finish_reason, stop_reason, logprobs)
+    calls = ChoiceToolCalls(fmt.tool_calls)
+    content, new_calls = calls.feed(text, finished=True)
+    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, [call for _, call in new_calls])
 
 
 def refusal(message: str) -> APIError:

@@ -28,6 +28,8 @@ from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
+from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
+from deployments.openai.tool_prompt import template_messages
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
@@ -194,17 +196,21 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
-        messages = body.chat_messages()
         check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
-        check_messages(self.args, [m["content"] for m in messages])
+        check_messages(self.args, body.client_texts(), len(body.tools or []))
+        schema = tool_call_schema(body)
+        if schema is not None:
+            params = constrain_to_json_schema(params, schema)
+        messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)
         try:
-            prompt = await self.encoder.chat(messages, body.add_generation_prompt)
+            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
-        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
+        calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
+        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls)
         return await self._submit(client, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:

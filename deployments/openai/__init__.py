@@ -6,7 +6,11 @@
 - `logprobs`: logprobs in the completions and the chat formats;
 - `errors`: `APIError` and OpenAI's error JSON (``param`` names the field);
 - `openapi`: the OpenAPI document of the routes;
-- `event_stream`: the ASGI response that writes a stream's SSE frames and notices a client leaving.
+- `event_stream`: the ASGI response that writes a stream's SSE frames and notices a client leaving;
+- `tools`: tools, tool_choice and tool calls on the wire, and the schemas of constrained calls;
+- `tool_prompt`: messages and tools as the chat template takes them (or the generic fallback);
+- `tool_parsers`: incremental parsers of the model's tool calls, by name (``tool_call_parser``);
+- `tool_calls`: how ``tool_choice`` shapes a request's output, and each choice's calls.
 
 The Ray plumbing that serves these (ingress, engine client, router, detok pool) lives in `deployments`.
 """

@@ -23,7 +23,7 @@ from sampling.tokenized import tokenize_strings
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
 
 
-class _Remote:
+class Remote:
     """Stands for a Ray actor method: ``.remote(...)`` returns an awaitable."""
 
     def __init__(self, method) -> None:
@@ -42,9 +42,9 @@ class SlowEngine:
         self.added: list[str] = []
         self.received: list = []
         self.aborted: list[str] = []
-        self.add_requests = _Remote(self._add)
-        self.abort_requests = _Remote(self._abort)
-        self.get_outputs = _Remote(self._outputs)
+        self.add_requests = Remote(self._add)
+        self.abort_requests = Remote(self._abort)
+        self.get_outputs = Remote(self._outputs)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
         await asyncio.sleep(0.05)

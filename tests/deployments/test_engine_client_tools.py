@@ -1,0 +1,109 @@
+"""`EngineClient.stream` and `collect` with tool calls, in-process, against an engine handle that
+emits a scripted output a few tokens per poll: the streamed calls join into the whole
+response's calls, the text around them is the same, and the choice finishes with "tool_calls"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from deployments.detok_pool import DetokClient
+from deployments.engine_actor import Added, Polled
+from deployments.engine_client import EngineClient
+from deployments.metrics import IngressMetrics
+from deployments.openai.protocol import ChatCompletionRequest
+from deployments.openai.responses import ResponseFormat
+from deployments.openai.tool_calls import tool_call_output
+from deployments.prompt_encoder import PromptEncoder
+from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.request import EngineOutput, FinishReason
+from sampling.params import SamplingParams
+from tests.deployments.test_engine_client import Remote
+
+TOKENIZER = load_tokenizer(DEFAULT_MODEL)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+SCRIPT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+
+
+class ScriptedEngine:
+    """Answers every added request with ``SCRIPT``'s tokens, ``per_poll`` at a time, then stops."""
+
+    def __init__(self, per_poll: int) -> None:
+        self.per_poll = per_poll
+        self.pending: dict[str, list[int]] = {}
+        self.add_requests = Remote(self._add)
+        self.abort_requests = Remote(self._abort)
+        self.get_outputs = Remote(self._outputs)
+
+    async def _add(self, subscriber: str, requests: list) -> Added:
+        for request in requests:
+            self.pending[request.request_id] = TOKENIZER.encode(SCRIPT, add_special_tokens=False)
+        return Added(1, [None] * len(requests))
+
+    async def _abort(self, request_ids: list[str]) -> int:
+        return 1
+
+    async def _outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
+        await asyncio.sleep(0.001)
+        outputs = []
+        for request_id, ids in list(self.pending.items()):
+            step, rest = ids[: self.per_poll], ids[self.per_poll :]
+            finish = None if rest else FinishReason.STOP
+            outputs.append(EngineOutput(request_id, step, 1, finish_reason=finish))
+            if rest:
+                self.pending[request_id] = rest
+            else:
+                del self.pending[request_id]
+        return Polled(1, outputs)
+
+
+def response_format(parallel: bool = True) -> ResponseFormat:
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER], parallel_tool_calls=parallel)
+    return ResponseFormat.new("chatcmpl-x", "m", chat=True, tool_calls=tool_call_output(body, "hermes", 1024))
+
+
+async def run(per_poll: int, streaming: bool, parallel: bool = True):
+    detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=1 << 20, tokens_per_call=256)
+    client = EngineClient([ScriptedEngine(per_poll)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+    submission = await client.submit(response_format(parallel), [TOKENIZER.encode("Weather?")], SamplingParams(max_tokens=None), echo=False)
+    if not streaming:
+        return await client.collect(submission)
+    return [
+        json.loads(frame[len("data: ") :])
+        for part in [f async for f in client.stream(submission, False)]
+        for frame in part.split("\n\n")
+        if frame.startswith("data: {")
+    ]
+
+
+def joined(chunks: list[dict]) -> tuple[str, list[dict], str | None]:
+    """The streamed content, the calls joined by index, and the finish reason."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            content += choice["delta"].get("content") or ""
+            for fragment in choice["delta"].get("tool_calls", []):
+                call = calls.setdefault(fragment["index"], {"id": fragment["id"], "type": fragment["type"], "name": "", "arguments": ""})
+                call["name"] += fragment["function"]["name"]
+                call["arguments"] += fragment["function"]["arguments"]
+            finish = choice["finish_reason"] or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("per_poll", [1, 3, 1000])
+def test_streamed_calls_join_into_the_whole_responses_calls(per_poll):
+    whole = asyncio.run(run(per_poll, streaming=False))["choices"][0]
+    content, calls, finish = joined(asyncio.run(run(per_poll, streaming=True)))
+    assert whole["finish_reason"] == finish == "tool_calls"
+    assert whole["message"]["content"] == content == "Let me check.\n\n"
+    expected = [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole["message"]["tool_calls"]] == expected
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+
+
+def test_without_parallel_calls_the_stream_keeps_the_first():
+    _, calls, _ = joined(asyncio.run(run(2, streaming=True, parallel=False)))
+    assert [json.loads(c["arguments"]) for c in calls] == [{"city": "Oslo"}]
