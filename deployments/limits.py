@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.errors import APIError
+from deployments.openai.errors import APIError
 from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"

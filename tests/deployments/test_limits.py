@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
-from deployments.errors import APIError
 from deployments.limits import RequestLimits, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.openai.errors import APIError
 from sampling.params import SamplingParams
 
 LIMITS = RequestLimits(

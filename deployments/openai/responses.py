@@ -7,8 +7,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 
-from deployments.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
-from deployments.streams import ChoiceStream
+from deployments.openai.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 
 DONE_FRAME = "data: [DONE]\n\n"
 FRAME_END = "]}\n\n"
@@ -92,11 +91,9 @@ class ResponseFormat:
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, streams: list[ChoiceStream]) -> dict[str, object]:
+def usage(prompt_tokens: int, completion_tokens: int, drafted: int = 0, accepted: int = 0) -> dict[str, object]:
     """OpenAI usage; drafted tokens, when any, as ``completion_tokens_details`` (accepted and rejected predictions)."""
     counts: dict[str, object] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-    drafted = sum(stream.num_draft_tokens for stream in streams)
     if drafted == 0:
         return counts
-    accepted = sum(stream.num_accepted_tokens for stream in streams)
     return counts | {"completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}}

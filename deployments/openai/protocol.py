@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from deployments.errors import APIError, from_validation_error
+from deployments.openai.errors import APIError, from_validation_error
 from sampling.params import MAX_LOGPROBS, SamplingParams
 
 # The tokenizer cannot even look up an id outside u32 (the ingress decodes prompts for the

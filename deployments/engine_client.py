@@ -1,4 +1,5 @@
-"""A request's life in the ingress: submit its choices to an engine, then stream or collect them."""
+"""`EngineClient`, the ingress replica's client of the engines: a request's life in the ingress,
+submitting its choices to an engine, then streaming or collecting them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
-from deployments.errors import APIError
-from deployments.logprobs import LogprobEntry
 from deployments.metrics import IngressMetrics
+from deployments.openai.errors import APIError
+from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
-from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
@@ -34,8 +35,14 @@ class Submission:
     echo_texts: list[str]
     arrived: float
 
+    def usage(self, completion_tokens: int) -> dict[str, object]:
+        """The OpenAI usage, with the choices' drafted and accepted tokens."""
+        drafted = sum(stream.num_draft_tokens for stream in self.streams)
+        accepted = sum(stream.num_accepted_tokens for stream in self.streams)
+        return usage(self.num_prompt_tokens, completion_tokens, drafted, accepted)
 
-class Generation:
+
+class EngineClient:
     """Owns this ingress replica's engine handles, output router and batched add/abort calls."""
 
     def __init__(
@@ -179,7 +186,7 @@ class Generation:
                 else:
                     tail = fmt.chunk_frame(choices)
             if include_usage:
-                tail += sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens, submission.streams)))
+                tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
         except APIError as error:
             tail = error.sse_frame()
         finally:
@@ -209,7 +216,7 @@ class Generation:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
         choices = [fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
-        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens, submission.streams))
+        return fmt.full(choices, submission.usage(completion_tokens))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:
