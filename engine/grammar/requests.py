@@ -34,20 +34,21 @@ class ConstrainedRequests:
         wait([r.pending_grammar for r in self.compiling.values() if r.pending_grammar is not None], timeout_s, FIRST_COMPLETED)
 
     def compiled(self) -> tuple[list[Request], list[tuple[Request, Exception]]]:
-        """The requests whose grammars are ready (now with their matchers) and those whose compile failed, with why."""
+        """The requests whose grammars are ready (handed out, now with their matchers) and those whose
+        compile failed, with why (still here: the engine finishes them, which `discard`s them)."""
         ready, failed = [], []
         for request_id, request in list(self.compiling.items()):
             future = request.pending_grammar
             assert future is not None
             if not future.done():
                 continue
-            del self.compiling[request_id]
-            request.pending_grammar = None
-            try:
-                request.grammar = future.result()
-            except Exception as error:
+            error = future.exception()
+            if error is not None:
                 failed.append((request, error))
                 continue
+            del self.compiling[request_id]
+            request.pending_grammar = None
+            request.grammar = future.result()
             ready.append(request)
         return ready, failed
 
