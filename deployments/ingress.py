@@ -20,7 +20,7 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
-from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling, check_structured_outputs
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openai.errors import APIError
 from deployments.openai.event_stream import EventStream
@@ -147,6 +147,16 @@ class Ingress:
         self._check_model(body.model)
         return body
 
+    async def _check_constraint(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+        """400 naming the field when the output constraint is too large or does not compile."""
+        if params.structured_outputs is None:
+            return
+        param = body.structured_param
+        check_structured_outputs(self.args, params, param)
+        error = await self.encoder.grammar_error(params.structured_outputs)
+        if error is not None:
+            raise APIError(400, f"{param}: {error}", param=param, code="invalid_grammar")
+
     async def _submit(
         self,
         client: EngineClient,
@@ -172,6 +182,7 @@ class Ingress:
         choices = len(texts_or_ids) * params.n
         check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
         check_echo(self.args, body.echo, choices)
+        await self._check_constraint(body, params)
         client = await self._ready()
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
@@ -188,6 +199,7 @@ class Ingress:
         messages = body.chat_messages()
         check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
         check_messages(self.args, [m["content"] for m in messages])
+        await self._check_constraint(body, params)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)
         try:
