@@ -29,6 +29,7 @@ class ServeArgs(RequestLimits):
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
+    grammar_cache_size: int = Field(256, ge=1, description="Compiled structured-output grammars each engine keeps (least recently used dropped).")
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU, or one CPU engine.")
     detok_min_replicas: int = Field(1, ge=0)
     detok_max_replicas: int = Field(2, ge=1)
@@ -86,4 +87,5 @@ class ServeArgs(RequestLimits):
             num_speculative_tokens=self.num_speculative_tokens,
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
+            grammar_cache_size=self.grammar_cache_size,
         )

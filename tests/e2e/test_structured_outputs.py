@@ -47,6 +47,8 @@ async def chat_text(client: openai.AsyncOpenAI, model: str, stream: bool, **kwar
 
 
 async def completion_text(client: openai.AsyncOpenAI, model: str, stream: bool, **kwargs) -> tuple[str, str]:
+    if "response_format" in kwargs:  # the client's completions take it only as an extra body field
+        kwargs["extra_body"] = kwargs.get("extra_body", {}) | {"response_format": kwargs.pop("response_format")}
     if not stream:
         response = await client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, **kwargs)
         return response.choices[0].text, response.choices[0].finish_reason
