@@ -71,7 +71,8 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        """Requests not yet running, those whose grammars are compiling included."""
+        return len(self.scheduler.waiting) + len(self.constrained.compiling)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self.pending_outputs) or self.in_flight is not None

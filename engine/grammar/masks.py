@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 
-class GrammarViolationError(RuntimeError):
-    """A token the request emitted does not satisfy its grammar (it never should: the mask forbids it)."""
+class GrammarStepError(ValueError):
+    """The request's matcher failed on a token its own mask allowed: its grammar passed one of
+    llguidance's per-step limits (Earley items, lexer fuel), a fault of the request's grammar."""
 
 
 @dataclass
@@ -62,6 +63,6 @@ class MaskFiller:
 
 
 def advance(matcher: llguidance.LLMatcher, token_ids: list[int]) -> None:
-    """Feed the request's accepted tokens to its matcher; raises `GrammarViolationError` if one does not fit."""
+    """Feed the request's accepted tokens to its matcher; raises `GrammarStepError` if it fails."""
     if not matcher.consume_tokens(token_ids):
-        raise GrammarViolationError(f"token(s) {token_ids} do not satisfy the request's grammar: {matcher.get_error()}")
+        raise GrammarStepError(f"the grammar is too complex for this server's grammar limits: {matcher.get_error()}")

@@ -137,7 +137,7 @@ CASES = [
     Hostile("ten thousand tiny messages", chat([{"role": "user", "content": "hi"}] * 10_000), ERROR, None),
     Hostile("guidance with speculation", completion(guidance_scale=1.5, negative_prompt="dull", num_speculative_tokens=2), (200, 400)),
     Hostile("schema over the size limit", completion(response_format=json_schema_format(1500)), ERROR, "response_format"),
-    Hostile("schema slow to compile", completion(response_format=json_schema_format(900)), (200,)),
+    Hostile("schema slow to compile", completion(response_format=json_schema_format(900)), (200, 400)),
     Hostile("regex that does not compile", completion(structured_outputs={"regex": "(" * 40}), (400,), "structured_outputs"),
     Hostile("metrics without the key", unauthorized("GET", "/metrics"), (401,)),
     Hostile("openapi without the key", unauthorized("GET", "/openapi.json"), (401,)),

@@ -133,6 +133,7 @@ def test_compiled_grammars_are_cached_by_grammar_and_bounded(tiny_checkpoint):
 def test_an_abort_while_compiling_leaves_nothing_behind(tiny_checkpoint):
     engine = tiny_engine(tiny_checkpoint)
     engine.add_request("r", [1, 2, 3], SamplingParams(structured_outputs={"json": SCHEMA}))
+    assert engine.num_waiting == 1  # counted against the engine's queue bound while it compiles
     engine.abort_requests(["r"])
     outputs = run_until_done(engine)
     assert outputs["r"][-1].finish_reason == FinishReason.ABORT
