@@ -36,7 +36,8 @@ def grammar_text(constraint: StructuredOutputs) -> str:
     matcher = llguidance.LLMatcher
     try:
         if constraint.json_ is not None:
-            return matcher.grammar_from_json_schema(constraint.json_, defaults=COMPACT_JSON)  # type: ignore[arg-type]
+            schema = {} if constraint.json_ is True else constraint.json_  # the schema `true` allows any JSON value, as {} does
+            return matcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON)  # type: ignore[arg-type]
         if constraint.json_object:
             return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=COMPACT_JSON)
         if constraint.regex is not None:

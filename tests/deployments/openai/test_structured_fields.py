@@ -84,4 +84,5 @@ def test_the_constraint_size_is_bounded_by_its_limit():
 def test_a_constraint_that_does_not_compile_says_why_on_the_encoder_pool(constraint, fragment):
     encoder = PromptEncoder(load_tokenizer("tiny-random"))
     assert fragment in (asyncio.run(encoder.grammar_error(StructuredOutputs.model_validate(constraint))) or "")
-    assert asyncio.run(encoder.grammar_error(StructuredOutputs(json=SCHEMA))) is None
+    for good in (StructuredOutputs(json=SCHEMA), StructuredOutputs(json=True), StructuredOutputs(grammar='root ::= "a" | "b"')):
+        assert asyncio.run(encoder.grammar_error(good)) is None
