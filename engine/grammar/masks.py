@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import llguidance
 import llguidance.numpy
@@ -25,6 +26,15 @@ class GrammarStepError(ValueError):
     llguidance's per-step limits (Earley items, lexer fuel), a fault of the request's grammar."""
 
 
+class ConstrainedRows(NamedTuple):
+    """One constrained request's rows in a step: a row for its next token, then one per draft."""
+
+    matcher: llguidance.LLMatcher
+    first_row: int
+    """Its first logits row in the step."""
+    drafts: list[int]
+
+
 @dataclass
 class PendingMasks:
     """Bitmasks being filled for one step: ``rows`` [M] are the logits rows (in step order) they belong to."""
@@ -35,21 +45,20 @@ class PendingMasks:
 
 
 class MaskFiller:
-    def __init__(self, vocab_size: int, num_threads: int | None = None) -> None:
-        """``num_threads``: llguidance's executor's (None: its default, most of the CPUs)."""
+    def __init__(self, vocab_size: int) -> None:
         self._words = (vocab_size + 31) // 32
-        self._executor = llguidance.LLExecutor(num_threads)
+        self._executor = llguidance.LLExecutor()  # its threads: most of the CPUs, up to 32
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
-    def start(self, matchers: list[tuple[llguidance.LLMatcher, int, list[int]]]) -> PendingMasks:
-        """Start filling: per constrained request (its matcher, its first logits row, its drafts)."""
-        rows = [first + j for first, drafts in ((m[1], m[2]) for m in matchers) for j in range(len(drafts) + 1)]
-        return PendingMasks(self._worker.submit(self._fill, matchers, len(rows)), rows)
+    def start(self, requests: list[ConstrainedRows]) -> PendingMasks:
+        """Start filling the bitmasks of every row of ``requests``."""
+        rows = [r.first_row + j for r in requests for j in range(len(r.drafts) + 1)]
+        return PendingMasks(self._worker.submit(self._fill, requests, len(rows)), rows)
 
-    def _fill(self, matchers: list[tuple[llguidance.LLMatcher, int, list[int]]], num_rows: int) -> torch.Tensor:
+    def _fill(self, requests: list[ConstrainedRows], num_rows: int) -> torch.Tensor:
         bitmask = np.full((num_rows, self._words), -1, dtype=np.int32)  # rows after an invalid draft stay open; never emitted
         plain, drafted, index = [], [], 0
-        for matcher, _, drafts in matchers:
+        for matcher, _, drafts in requests:
             if drafts:
                 drafted.append((matcher, index, drafts))
             else:

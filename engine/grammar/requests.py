@@ -11,7 +11,7 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, wait
 
 from engine.grammar.compiler import GrammarCompiler
-from engine.grammar.masks import MaskFiller, PendingMasks
+from engine.grammar.masks import ConstrainedRows, MaskFiller, PendingMasks
 from engine.request import Request
 from engine.scheduler import ScheduledStep
 from engine.tokenizer import TextTokenizer
@@ -66,6 +66,6 @@ class ConstrainedRequests:
         entries, first_row = [], 0
         for request, drafts in zip(step.sampled, step.draft_token_ids):
             if request.grammar is not None:
-                entries.append((request.grammar, first_row, drafts))
+                entries.append(ConstrainedRows(request.grammar, first_row, drafts))
             first_row += len(drafts) + 1
         return self.filler.start(entries) if entries else None
