@@ -27,7 +27,7 @@ class StreamOptions(BaseModel):
 
 
 class JsonSchema(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
