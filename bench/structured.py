@@ -2,8 +2,8 @@
 
 At batch 1, 32 and 256 on tiny-random and the default model, every request samples at
 temperature 1 for the same number of tokens, either free (``ignore_eos``) or constrained to
-an array of at least 100 order items (nested objects, a pattern, an enum, numbers), which it
-cannot finish within the budget. Per decode step: the time llguidance's worker spends filling
+an array of at least 100 orders (`bench.grammar`'s schema: nested objects, a pattern, an enum,
+numbers), which it cannot finish within the budget. Per decode step: the time llguidance's worker spends filling
 the bitmasks (beside the forward pass) and the time the engine thread then still waits for
 them and sends them to the device (the cost it adds to a step).
 
@@ -21,25 +21,15 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import device_label, print_table, quietness, write_results
+from bench.grammar import SCHEMA as ORDER_SCHEMA
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import TINY_RANDOM, load_checkpoint
 from sampling.params import SamplingParams
 
 BATCHES = (1, 32, 256)
-ITEM = {
-    "type": "object",
-    "properties": {
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "quantity": {"type": "integer", "minimum": 1, "maximum": 100},
-        "price": {"type": "number", "minimum": 0},
-        "status": {"enum": ["pending", "paid", "shipped"]},
-        "note": {"type": ["string", "null"], "maxLength": 40},
-    },
-    "required": ["sku", "quantity", "price", "status", "note"],
-    "additionalProperties": False,
-}
-SCHEMA = {"type": "array", "items": ITEM, "minItems": 100}
+SCHEMA = {"type": "array", "items": ORDER_SCHEMA, "minItems": 100}
+"""An array of at least 100 orders: no request finishes it within its tokens."""
 
 
 def _timed(owner: object, name: str, totals: dict[str, float]) -> None:
