@@ -30,6 +30,7 @@ class ServeArgs(RequestLimits):
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
+    grammar_cache_size: int = Field(256, ge=1, description="Compiled structured-output grammars each engine keeps (least recently used dropped).")
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_resource: str | None = Field(
         None, min_length=1, description="A custom Ray resource marking engine places, one engine per unit (accelerators Ray does not count as GPUs; tests)."
@@ -100,4 +101,5 @@ class ServeArgs(RequestLimits):
             num_speculative_tokens=self.num_speculative_tokens,
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
+            grammar_cache_size=self.grammar_cache_size,
         )

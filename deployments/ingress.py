@@ -20,7 +20,7 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
-from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling, check_structured_outputs
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openai.errors import APIError
 from deployments.openai.event_stream import EventStream
@@ -158,6 +158,15 @@ class Ingress:
         self._check_model(body.model)
         return body
 
+    async def _check_constraint(self, params: SamplingParams, param: str) -> None:
+        """400 naming ``param`` (the field the constraint came from) when the output constraint is too large or does not compile."""
+        if params.structured_outputs is None:
+            return
+        check_structured_outputs(self.args, params, param)
+        error = await self.encoder.grammar_error(params.structured_outputs)
+        if error is not None:
+            raise APIError(400, f"{param}: {error}", param=param, code="invalid_grammar")
+
     async def _submit(
         self,
         client: EngineClient,
@@ -183,6 +192,7 @@ class Ingress:
         choices = len(texts_or_ids) * params.n
         check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
         check_echo(self.args, body.echo, choices)
+        await self._check_constraint(params, body.structured_param)
         client = await self._ready()
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
@@ -198,9 +208,11 @@ class Ingress:
         params = body.sampling_params()
         check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
         check_messages(self.args, body.client_texts(), len(body.tools or []))
+        await self._check_constraint(params, body.structured_param)
         schema = tool_call_schema(body)
         if schema is not None:
             params = constrain_to_json_schema(params, schema)
+            await self._check_constraint(params, "tool_choice")
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)

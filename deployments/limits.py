@@ -48,6 +48,12 @@ class RequestLimits(BaseModel):
     max_tool_call_bytes: int = Field(
         16_384, ge=64, description="UTF-8 bytes of one tool call in the output; a longer one is streamed as the text it is, not as a call."
     )
+    max_structured_output_bytes: int = Field(
+        32_768,
+        ge=0,
+        description="UTF-8 bytes of a request's JSON schema, regex, choices or grammar (compact JSON for a schema); "
+        "compile time grows with it (about 0.5 s for 40 KB of schema on one core), and llguidance's own limits bound the rest.",
+    )
 
 
 def utf8_size(text: str) -> int:
@@ -82,6 +88,13 @@ def check_sampling(limits: RequestLimits, params: SamplingParams, choices: int, 
     entries = (params.logprobs or 0) * choices
     _check_count("logprobs", "logprob entries per step (logprobs × choices)", entries, limits.max_logprob_entries, "max_logprob_entries")
     _check_speculation(limits, params, server_speculative_tokens)
+
+
+def check_structured_outputs(limits: RequestLimits, params: SamplingParams, param: str) -> None:
+    """The size of the output constraint (``param``: the field it came from), before it is compiled."""
+    if params.structured_outputs is not None:
+        size = params.structured_outputs.text_size()
+        _check_count(param, "bytes of schema, regex, choices or grammar", size, limits.max_structured_output_bytes, "max_structured_output_bytes")
 
 
 def _check_speculation(limits: RequestLimits, params: SamplingParams, server_speculative_tokens: int) -> None:

@@ -3,7 +3,8 @@
 Tokenizing a long prompt or rendering a chat template costs milliseconds; on the event loop
 every other stream of the replica would wait. Each request's prompts, and its other strings
 (bad words, DRY breakers, negative prompt), are encoded once, on a small bounded pool, so a
-burst of large requests queues there instead.
+burst of large requests queues there instead. A structured-output constraint is checked
+there too (compiled without the tokenizer), so a bad one is refused before the engine sees it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from engine.grammar.spec import grammar_error
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
+from sampling.structured_outputs import StructuredOutputs
 from sampling.tokenized import TokenizedStrings, has_strings, tokenize_strings
 
 ENCODE_WORKERS = 2
@@ -39,6 +42,10 @@ class PromptEncoder:
         if not has_strings(params):
             return None
         return await asyncio.get_running_loop().run_in_executor(self.pool, tokenize_strings, params, self.tokenizer.encode)
+
+    async def grammar_error(self, constraint: StructuredOutputs) -> str | None:
+        """Why ``constraint`` does not compile (`engine.grammar.spec.grammar_error`); None when it does."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, grammar_error, constraint)
 
     def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]

@@ -39,6 +39,8 @@ class EngineConfig:
     ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
     N's sampled ids reach the host (see `EngineCore.step`).
 
+    ``grammar_cache_size`` compiled structured-output grammars are kept (least recently used dropped).
+
     ``num_speculative_tokens`` (K) tokens are drafted per step for each decoding
     request by prompt lookup, matching its last ``prompt_lookup_max`` down to
     ``prompt_lookup_min`` tokens; a request may set its own values, 0 turns it off.
@@ -55,8 +57,11 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    grammar_cache_size: int = 256
 
     def __post_init__(self) -> None:
+        if self.grammar_cache_size < 1:
+            raise ValueError(f"grammar_cache_size must be at least 1, got {self.grammar_cache_size}")
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_NGRAM_SIZE:

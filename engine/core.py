@@ -8,6 +8,8 @@ from collections import OrderedDict
 import torch
 
 from engine.config import EngineConfig
+from engine.grammar.masks import advance
+from engine.grammar.requests import ConstrainedRequests
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
@@ -19,6 +21,8 @@ from sampling.tokenized import TokenizedStrings, has_strings
 logger = logging.getLogger(__name__)
 
 FINISHED_COUNTS_KEPT = 10_000
+COMPILE_WAIT_S = 0.01
+"""How long an otherwise idle step waits for a grammar to compile (instead of spinning; new requests wait as long)."""
 ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError, torch.AcceleratorError)
 """Failures that belong to no single request: raised out of `EngineCore.step`, never pinned on one."""
 
@@ -50,6 +54,7 @@ class EngineCore:
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings)
         self.runner = ModelRunner(checkpoint, self.config, self.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len)
+        self.constrained = ConstrainedRequests(self.tokenizer, checkpoint.config.vocab_size, self.config.grammar_cache_size)
         async_scheduling = self.config.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if async_scheduling is None else async_scheduling
         self.in_flight: InFlightStep | None = None
@@ -66,7 +71,8 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        """Requests not yet running, those whose grammars are compiling included."""
+        return len(self.scheduler.waiting) + len(self.constrained.compiling)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self.pending_outputs) or self.in_flight is not None
@@ -82,7 +88,9 @@ class EngineCore:
 
         strings: the request's bad words, DRY breakers and negative prompt as ids, from
         `tokenize_strings` (the engine never tokenizes); None when it has none (`has_strings`).
-        ``params.n`` is not looked at: the ingress adds one engine request per choice.
+        ``params.n`` is not looked at: the ingress adds one engine request per choice. A request with
+        ``structured_outputs`` is scheduled once its grammar has compiled on the worker; a grammar
+        that does not compile finishes it with `FinishReason.ERROR`.
         """
         if strings is None:
             if has_strings(params):
@@ -96,7 +104,10 @@ class EngineCore:
         except Exception as error:
             raise InvalidRequestError(f"the request could not be set up: {error}") from error
         self.requests[request_id] = request
-        self.scheduler.add(request)
+        if params.structured_outputs is not None:
+            self.constrained.submit(request)
+        else:
+            self.scheduler.add(request)
 
     def _build(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> Request:
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params, strings=strings)
@@ -166,10 +177,14 @@ class EngineCore:
         collected after this one was launched, so the host's scheduling and stop checks
         overlap the device's work; a request that finished in the previous step may have
         one token computed in this step, which is discarded. While any running request
-        speculates, steps are synchronous: drafting needs every sampled token on the host.
+        speculates or has a grammar, steps are synchronous: drafting and the grammar's next mask
+        need every sampled token on the host.
         """
         outputs, self.pending_outputs = self.pending_outputs, []
-        synchronous = not self.async_scheduling or any(r.ngram_index is not None for r in self.scheduler.running)
+        if not (outputs or self.scheduler.running or self.scheduler.waiting or self.in_flight):
+            self.constrained.wait(COMPILE_WAIT_S)
+        self._schedule_compiled()
+        synchronous = not self.async_scheduling or any(r.ngram_index is not None or r.grammar is not None for r in self.scheduler.running)
         if synchronous and self.in_flight is not None:
             outputs += self._collect(self.in_flight)
             self.in_flight = None
@@ -177,7 +192,7 @@ class EngineCore:
         step = self.scheduler.schedule(self._admit)
         launched = None
         if step.requests:
-            launched = self.runner.launch(step, self.in_flight)
+            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step))
             for sequence, chunk in zip(step.requests, step.chunks):
                 sequence.num_computed_tokens += chunk.num_tokens
             for request in step.sampled:
@@ -189,6 +204,14 @@ class EngineCore:
             outputs += self._collect(ready)
         failed, self.pending_outputs = self.pending_outputs, []  # failed while drafting or admitted
         return outputs + failed
+
+    def _schedule_compiled(self) -> None:
+        """Queue the requests whose grammars compiled; fail those whose grammars did not."""
+        ready, failed = self.constrained.compiled()
+        for request in ready:
+            self.scheduler.add(request)
+        for request, error in failed:
+            self.pending_outputs.append(self._fail(request, error))
 
     def _admit(self, request: Request) -> bool:
         """Give the request (just handed its slots) its sampling row; False if that failed it."""
@@ -258,12 +281,17 @@ class EngineCore:
         new_token_ids: list[int] = []
         stop = None
         for token_id in sampled.token_ids:
+            if token_id < 0:  # the sampler found no token the request's masks allow
+                stop = FinishReason.GRAMMAR_DEAD_END, None
+                break
             request.output_token_ids.append(token_id)
             new_token_ids.append(token_id)
             stop = check_stop(request, self.tokenizer.eos_token_ids, self.max_model_len)
             if stop is not None:
                 break
         if stop is None:
+            if request.grammar is not None:
+                advance(request.grammar, new_token_ids)
             output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
         else:
             output = self._finish(request, *stop, new_token_ids=new_token_ids)
@@ -282,7 +310,8 @@ class EngineCore:
         request.finished = True
         if request.slot is not None:
             self.runner.remove_request(request.slot)
-        self.scheduler.remove(request)
+        if not self.constrained.discard(request):
+            self.scheduler.remove(request)
         del self.requests[request.request_id]
         self.finished_generated_counts[request.request_id] = len(request.output_token_ids)
         if len(self.finished_generated_counts) > FINISHED_COUNTS_KEPT:

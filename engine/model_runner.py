@@ -9,6 +9,7 @@ from itertools import accumulate
 import torch
 
 from engine.config import EngineConfig
+from engine.grammar.masks import PendingMasks
 from engine.kv_cache import KVCache
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
@@ -16,6 +17,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
+from sampling.ops.masks import GrammarMask
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler, SamplerOutput
 from sampling.tokenized import TokenizedStrings
@@ -76,9 +78,12 @@ class ModelRunner:
         logger.info("model on %s as %s", self.device, self.dtype)
 
     @torch.inference_mode()
-    def launch(self, step: ScheduledStep, previous: InFlightStep | None) -> InFlightStep:
+    def launch(self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None) -> InFlightStep:
         """Enqueue the step: forward, lm_head on the needed rows, guidance, sampler (or
         verification of drafts), and the copies to the host.
+
+        ``masks``: the grammar bitmasks of the step's constrained requests, filling on a worker
+        while the forward pass is enqueued (on the CPU: while it runs); waited for before the sampler.
 
         Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
         device from ``previous``'s sampled ids, so nothing waits for the previous step.
@@ -100,11 +105,12 @@ class ModelRunner:
             logits = self._guided_logits(step, hidden)
             drafts = [token for request_drafts in step.draft_token_ids for token in [*request_drafts, -1]]
             cu_num_rows = torch.tensor(list(accumulate((len(d) + 1 for d in step.draft_token_ids), initial=0)))
-            output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch)
+            grammar = self._grammar_mask(masks)
+            output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch, grammar)
             values = [output.token_ids, output.num_emitted]
             last_token_ids = output.token_ids[cu_num_rows[:-1].to(self.device, non_blocking=True) + output.num_emitted - 1]
         else:
-            output = self._sample(step, hidden, rows)
+            output = self._sample(step, hidden, rows, masks)
             values = [output.sampled_token_ids]
             last_token_ids = output.sampled_token_ids
         if output.logprobs is not None:
@@ -118,13 +124,21 @@ class ModelRunner:
             done.record()
         return InFlightStep(step, last_token_ids, host, done, verifies_drafts)
 
-    def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor) -> SamplerOutput:
+    def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor, masks: PendingMasks | None) -> SamplerOutput:
         """One token per sampled request: the lm_head's argmax when the batch needs nothing else
-        and fusing pays, else the sampler on the (guided) logits."""
+        and fusing pays, else the sampler on the (guided) logits, grammar masks applied."""
         if self.fuse_argmax and not step.guided_rows and self.sampling_batch.argmax_only:
             token_ids = self.model.argmax_logits(hidden[self._to_device(step.logits_indices)])
             return self.sampler.record_argmax(token_ids, rows, self.sampling_batch)
-        return self.sampler(self._guided_logits(step, hidden), rows, self.sampling_batch)
+        logits = self._guided_logits(step, hidden)
+        return self.sampler(logits, rows, self.sampling_batch, self._grammar_mask(masks))
+
+    def _grammar_mask(self, masks: PendingMasks | None) -> GrammarMask | None:
+        """Wait for the bitmasks being filled and send them to the device."""
+        if masks is None:
+            return None
+        bitmask = masks.bitmask.result().to(self.device, non_blocking=self.pinned)
+        return GrammarMask(bitmask, self._to_device(masks.rows))
 
     def _guided_logits(self, step: ScheduledStep, hidden: torch.Tensor) -> torch.Tensor:
         """[len(step.logits_indices), V] logits; guided rows get ``l_u + scale * (l_c - l_u)``."""

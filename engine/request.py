@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.ngram_drafter import NgramIndex
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 class FinishReason(str, Enum):
@@ -17,6 +21,8 @@ class FinishReason(str, Enum):
     ABORT = "abort"
     ERROR = "error"
     """The request failed inside the engine (`EngineOutput.error` says why); the others went on."""
+    GRAMMAR_DEAD_END = "grammar_dead_end"
+    """Its structured-output grammar left no token to emit (or its other masks banned every one the grammar allows)."""
 
 
 @dataclass
@@ -38,6 +44,10 @@ class Request:
     ngram_index: NgramIndex | None = None
     """Set when the request speculates; it has seen the first ``len(ngram_index.tokens)`` tokens."""
     guidance: Guidance | None = None
+    grammar: LLMatcher | None = None
+    """With ``params.structured_outputs``: the matcher, at the accepted outputs (set once compiled)."""
+    pending_grammar: Future[LLMatcher] | None = None
+    """The grammar compiling on the worker; the request is queued for scheduling when it is done."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     stop_token_ids: frozenset[int] = field(init=False)

@@ -68,6 +68,8 @@ def row_features(params: SamplingParams) -> set[str]:
         features.add("allowed")
     if params.logprobs is not None:
         features.add("logprobs")
+    if params.structured_outputs is not None:
+        features.add("grammar")
     if params.is_greedy:
         return features
     features.add("random")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sampling.structured_outputs import StructuredOutputs
+
 LOGIT_BIAS_LIMIT = 100.0
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -87,6 +89,7 @@ class SamplingParams(BaseModel):
     prompt_lookup_max: int | None = Field(None, ge=1, le=MAX_NGRAM_SIZE, description="Longest n-gram matched; None: the server's.")
     guidance_scale: float = _finite(default=1.0, ge=-100.0, le=100.0, description="Classifier-free guidance; 1 disables.")
     negative_prompt: str | None = Field(None, description="The unconditional prompt of guidance; None: the bare BOS token.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="A JSON schema, regex, choice or grammar the output must match.")
 
     @field_validator("stop", mode="before")
     @classmethod

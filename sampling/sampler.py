@@ -9,7 +9,9 @@ Pipeline per step (each stage skipped when no occupied row uses it, decided on t
 host from `SamplingBatch.uses`):
 
 1. float32 logits (a copy only when masks edit them in place); raw logprobs if any row asks and mode is ``raw``
-2. masks: ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``
+2. masks: the grammar bitmask of structured outputs (`GrammarMask`, filled by the caller),
+   ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``. A constrained row
+   that no token is left for emits -1 (its grammar reached a dead end) and records nothing
 3. penalties (repetition / presence / frequency), DRY
 4. all-greedy batch: argmax and return (when no stage before it is in use either,
    `SamplingBatch.argmax_only`, the engine may take that argmax fused with its lm_head
@@ -34,7 +36,7 @@ from sampling.batch import RowParams, SamplingBatch
 from sampling.logprobs import LogprobsTensors, gather_logprobs
 from sampling.ops.draw import Draw, draw
 from sampling.ops.dry import apply_dry
-from sampling.ops.masks import apply_allowed, apply_token_entries, check_some_token_left
+from sampling.ops.masks import GrammarMask, apply_allowed, apply_grammar_mask, apply_token_entries, check_some_token_left, rows_left_empty
 from sampling.ops.penalties import apply_penalties
 from sampling.ops.rejection import accept_or_recover, first_rejection
 from sampling.ops.seeded_noise import row_keys, uniform
@@ -52,7 +54,7 @@ XTC_COIN_TOKEN = -1
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor
-    """[num_rows] int64, on the logits' device."""
+    """[num_rows] int64, on the logits' device; -1 at a constrained row whose masks left no token."""
     logprobs: LogprobsTensors | None = None
     """When any occupied row asks for logprobs (rows that did not ask get them too; the engine drops them)."""
 
@@ -101,16 +103,17 @@ class Sampler:
         self.candidate_widths = candidate_widths
         self.use_triton = use_triton
 
-    def __call__(self, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None = None) -> SamplerOutput:
         """Sample one token for each of ``rows``.
 
         logits: [num_rows, vocab] for the rows being sampled this step, in order.
         rows:   [num_rows] int64 indices into ``batch`` (the engine slots), distinct.
+        grammar: the bitmasks of the rows whose requests have ``structured_outputs`` (each such row needs one).
         """
         rows = rows.to(logits.device)
-        out = self._run(logits, RowView.of(batch, rows))
+        out = self._run(logits, RowView.of(batch, rows), grammar)
         batch.record(rows, out.token_ids)
-        return SamplerOutput(out.token_ids, self._logprobs(out.logprobs, out.token_ids, batch))
+        return SamplerOutput(out.token_ids, self._logprobs(out.logprobs, out.token_ids.clamp(min=0), batch))
 
     def record_argmax(self, token_ids: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """`__call__`'s output for a batch that is `SamplingBatch.argmax_only`, when the caller took
@@ -126,6 +129,7 @@ class Sampler:
         draft_token_ids: torch.Tensor,
         cu_num_rows: torch.Tensor,
         batch: SamplingBatch,
+        grammar: GrammarMask | None = None,
     ) -> VerifyOutput:
         """Verify drafted tokens exactly: the emitted tokens are distributed as non-speculative sampling's.
 
@@ -136,24 +140,38 @@ class Sampler:
         cu_num_rows: [n+1] int64; on the host it gives the exact longest request (sizing the draft-prefix
         gathers of penalties and token masks), on the device a bound (num_rows - n + 1) that needs no sync.
         Each request emits its accepted drafts, then the token drawn at its first rejection (or the
-        bonus token after k accepted drafts); ``batch`` records them.
+        bonus token after k accepted drafts); ``batch`` records them. ``grammar``: a bitmask for every
+        row of each constrained request, row ``cu[i] + j`` the grammar's state after its drafts before it.
         """
         rows, drafts, cu = (t.to(logits.device) for t in (rows, draft_token_ids, cu_num_rows))
         view = RowView.of(batch, rows).with_drafts(drafts, cu, max_rows_bound(cu_num_rows, logits.shape[0]))
-        out = self._run(logits, view)
+        out = self._run(logits, view, grammar)
         assert out.accepted is not None
         token_ids, num_emitted = first_rejection(out.token_ids, out.accepted, view.first_rows, view.requests, rows.shape[0])
         batch.record(rows, token_ids, cu)
         return VerifyOutput(token_ids, num_emitted, self._logprobs(out.logprobs, token_ids.clamp(min=0), batch))
 
-    def _run(self, logits: torch.Tensor, view: RowView) -> _Rows:
+    def _run(self, logits: torch.Tensor, view: RowView, grammar: GrammarMask | None) -> _Rows:
         """The pipeline on ``view``'s rows: logits [N, V] -> per-row tokens (and acceptance, with drafts)."""
-        batch, p = view.batch, view.params
-        in_place_masks = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0
+        batch = view.batch
+        in_place_masks = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0 or grammar is not None
         logits = logits.to(torch.float32, copy=in_place_masks)  # the caller's logits are never modified
         want_logprobs = batch.uses["logprobs"] > 0
         raw = torch.log_softmax(logits, dim=-1) if want_logprobs and self.logprobs_mode == "raw" else None
+        if grammar is not None:
+            apply_grammar_mask(logits, grammar)
         logits = _apply_masks(logits, view)
+        if grammar is None:
+            return self._sample_masked(logits, view, raw)
+        dead = rows_left_empty(logits, grammar.rows)
+        out = self._sample_masked(logits.masked_fill(dead[:, None], 0.0), view, raw)  # a dead row's draw is discarded
+        accepted = None if out.accepted is None else out.accepted & ~dead
+        return _Rows(out.token_ids.masked_fill(dead, -1), accepted, out.logprobs)
+
+    def _sample_masked(self, logits: torch.Tensor, view: RowView, raw: torch.Tensor | None) -> _Rows:
+        """Penalties onwards on masked logits [N, V]; ``raw``: the raw logprobs, when reported."""
+        batch, p = view.batch, view.params
+        want_logprobs = batch.uses["logprobs"] > 0
         logits = _apply_penalties(logits, view)
         token_ids = logits.max(dim=-1).indices  # argmax (the first maximum), 3x faster on the CPU
         accepted = None if view.drafts is None else view.drafts == token_ids

@@ -1,8 +1,9 @@
 """OpenAI request bodies and their translation to `SamplingParams`.
 
 Fields the OpenAI API defines are declared here; every other field is passed to
-`SamplingParams` (``top_k``, ``min_p``, ``repetition_penalty``, ...), which rejects
-unknown names, so a misspelt field is a 400 naming it.
+`SamplingParams` (``top_k``, ``min_p``, ``repetition_penalty``, ``structured_outputs``, ...),
+which rejects unknown names, so a misspelt field is a 400 naming it. ``response_format``
+becomes ``structured_outputs``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from deployments.openai.errors import APIError, from_validation_error
 from deployments.openai.tools import NamedToolChoice, Tool, ToolCall, ToolChoice
 from sampling.params import MAX_LOGPROBS, SamplingParams
+from sampling.structured_outputs import StructuredOutputs
 
 # The tokenizer cannot even look up an id outside u32 (the ingress decodes prompts for the
 # detokenizer's context); the engine checks ids against the model's vocabulary.
@@ -25,6 +27,33 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+OutputFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -32,12 +61,30 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: OutputFormat | None = None
+
+    @property
+    def structured_param(self) -> str:
+        """The field the request's output constraint came from, for errors."""
+        return "structured_outputs" if self.response_format is None or isinstance(self.response_format, TextFormat) else "response_format"
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def _structured_outputs(self) -> StructuredOutputs | None:
+        """``response_format`` as `StructuredOutputs` (None: text, or not given)."""
+        if isinstance(self.response_format, JsonObjectFormat):
+            return StructuredOutputs(json_object=True)
+        if isinstance(self.response_format, JsonSchemaFormat):
+            return StructuredOutputs(json=self.response_format.json_schema.schema_)
+        return None
+
     def _sampling_params(self, **fields: Any) -> SamplingParams:
+        structured = self._structured_outputs()
+        if structured is not None and "structured_outputs" in (self.model_extra or {}):
+            raise APIError(400, "give response_format or structured_outputs, not both", param="response_format")
+        fields["structured_outputs"] = structured
         try:
             return SamplingParams(**(self.model_extra or {}), **{k: v for k, v in fields.items() if v is not None})
         except ValidationError as error:

@@ -23,6 +23,7 @@ from deployments.openai.protocol import ChatCompletionRequest
 from deployments.openai.tool_parsers import TOOL_CALL_PARSERS, ConstrainedCallsParser, ToolCallParser
 from deployments.openai.tools import NamedToolChoice, ToolCall, parameters_schema, required_calls_schema
 from sampling.params import SamplingParams
+from sampling.structured_outputs import json_schema_output
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,11 @@ def tool_call_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 def constrain_to_json_schema(params: SamplingParams, schema: dict[str, Any]) -> SamplingParams:
-    """``params`` with the output constrained to ``schema``: the grammar engine's entry point
-    (structured outputs), which this branch does not have yet."""
-    raise APIError(400, "tool_choice 'required' or a named function: constrained decoding is not supported yet", param="tool_choice")
+    """``params`` with the output constrained to ``schema`` (structured outputs, `sampling.structured_outputs`);
+    a 400 if the request constrains its output already."""
+    if params.structured_outputs is not None:
+        raise APIError(400, "tool_choice 'required' or a named function cannot be combined with response_format or structured_outputs", param="tool_choice")
+    return params.model_copy(update={"structured_outputs": json_schema_output(schema)})
 
 
 class ChoiceToolCalls:

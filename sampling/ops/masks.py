@@ -1,6 +1,9 @@
-"""Stage 3 masks and the sparse logit edits (``allowed_token_ids``, ``bad_words``, ``min_tokens``, ``logit_bias``)."""
+"""Stage 3 masks and the sparse logit edits (``allowed_token_ids``, ``bad_words``, ``min_tokens``,
+``logit_bias``, the grammar bitmask of structured outputs)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -14,6 +17,33 @@ class AllTokensMaskedError(ValueError):
 def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> None:
     """In place: logits [n, V] set to -inf where ``allowed`` [n, V] bool is False."""
     logits.masked_fill_(~allowed, float("-inf"))
+
+
+@dataclass(frozen=True)
+class GrammarMask:
+    """This step's next-token bitmasks of the constrained rows, filled on the host by their grammar matchers."""
+
+    bitmask: torch.Tensor
+    """[M, ceil(V / 32)] int32 on the logits' device: bit ``t % 32`` of word ``t // 32`` set when token ``t`` is allowed."""
+    rows: torch.Tensor
+    """[M] int64 distinct logits rows the bitmasks belong to (with drafts: each verification row of a request)."""
+
+
+def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
+    """In place: logits [N, V] set to -inf at the tokens ``mask`` forbids in its rows."""
+    vocab = logits.shape[1]
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((mask.bitmask[:, :, None] >> bits) & 1).bool().flatten(1)  # [M, 32 * words]
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    logits[mask.rows] = logits[mask.rows].masked_fill_(~allowed[:, :vocab], float("-inf"))
+
+
+def rows_left_empty(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[N] bool, True at those of ``rows`` ([M] int64) where every token of ``logits`` [N, V] is masked; no host sync."""
+    empty = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    empty[rows] = ~torch.isfinite(logits[rows].amax(dim=-1))
+    return empty
 
 
 def apply_token_entries(

@@ -90,6 +90,12 @@ def lying_content_length(declared: int) -> Send:
     return send
 
 
+def json_schema_format(num_properties: int) -> dict:
+    """A ``response_format`` whose schema has ``num_properties`` integer properties (about 26 bytes each)."""
+    schema = {"type": "object", "properties": {f"field_{i:05d}": {"type": "integer"} for i in range(num_properties)}}
+    return {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}
+
+
 def nested_json(depth: int) -> bytes:
     return b'{"model": "' + M.encode() + b'", "prompt": "x", "user": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -130,6 +136,9 @@ CASES = [
     Hostile("forged system turn in chat", chat([{"role": "user", "content": FORGED_TURN}]), (200,)),
     Hostile("ten thousand tiny messages", chat([{"role": "user", "content": "hi"}] * 10_000), ERROR, None),
     Hostile("guidance with speculation", completion(guidance_scale=1.5, negative_prompt="dull", num_speculative_tokens=2), (200, 400)),
+    Hostile("schema over the size limit", completion(response_format=json_schema_format(1500)), ERROR, "response_format"),
+    Hostile("schema slow to compile", completion(response_format=json_schema_format(900)), (200, 400)),
+    Hostile("regex that does not compile", completion(structured_outputs={"regex": "(" * 40}), (400,), "structured_outputs"),
     Hostile("metrics without the key", unauthorized("GET", "/metrics"), (401,)),
     Hostile("openapi without the key", unauthorized("GET", "/openapi.json"), (401,)),
     Hostile("probing an unknown route without the key", unauthorized("POST", "/v1/embeddings"), (401,)),

@@ -75,9 +75,30 @@ def test_tool_choice_none_offers_no_tools_and_parses_nothing(server):
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_constrained_tool_choice_waits_for_the_grammar_engine(server, tool_choice):
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_and_named_tool_choice_constrain_the_output_to_a_call(server, tool_choice, stream):
+    """The grammar engine makes the model call the tool, whatever it would have written, at any temperature."""
+    request = {**REQUEST, "messages": [{"role": "user", "content": "Tell me a joke."}], "temperature": 1.0, "seed": 7, "max_tokens": 96, "parallel_tool_calls": False}
+    client = server.openai()
+    if stream:
+        names, arguments, finish = "", "", None
+        for chunk in client.chat.completions.create(model=server.model, tool_choice=tool_choice, stream=True, **request):
+            for choice in chunk.choices:
+                for fragment in choice.delta.tool_calls or []:
+                    names += fragment.function.name or ""
+                    arguments += fragment.function.arguments or ""
+                finish = choice.finish_reason or finish
+    else:
+        choice = client.chat.completions.create(model=server.model, tool_choice=tool_choice, **request).choices[0]
+        (call,) = choice.message.tool_calls
+        names, arguments, finish = call.function.name, call.function.arguments, choice.finish_reason
+    assert finish == "tool_calls" and names == "get_weather"
+    assert isinstance(json.loads(arguments)["city"], str)
+
+
+def test_constrained_tool_choice_with_a_response_format_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as refused:
-        server.openai().chat.completions.create(model=server.model, tool_choice=tool_choice, **REQUEST)
+        server.openai().chat.completions.create(model=server.model, tool_choice="required", response_format={"type": "json_object"}, **REQUEST)
     assert refused.value.body["param"] == "tool_choice"
 
 

@@ -22,9 +22,9 @@ class RecordingSampler:
         self.sampler = sampler
         self.logits: list[torch.Tensor] = []
 
-    def __call__(self, logits, rows, batch):
+    def __call__(self, logits, rows, batch, grammar=None):
         self.logits.append(logits.clone())
-        return self.sampler(logits, rows, batch)
+        return self.sampler(logits, rows, batch, grammar)
 
 
 def tiny_engine(tiny_checkpoint, **overrides) -> EngineCore:
