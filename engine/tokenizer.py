@@ -8,6 +8,7 @@ the special tokens written in it are recognised (`encode`).
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import re
@@ -17,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 import jinja2
+import jinja2.ext
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -27,6 +29,25 @@ class ChatTemplateError(ValueError):
 
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson`` filter: plain JSON (Jinja's own escapes ``<``, ``>``, ``&`` and ``'`` for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.datetime.now().strftime(format)
+
+
+def template_environment() -> ImmutableSandboxedEnvironment:
+    """A sandbox that renders chat templates as transformers' ``apply_chat_template`` does: its
+    whitespace options, ``{% break %}`` / ``{% continue %}``, ``tojson``, ``raise_exception``, ``strftime_now``."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
 
 
 @dataclass
@@ -59,9 +80,7 @@ class TextTokenizer:
     def _compiled_template(self) -> jinja2.Template:
         if not self.chat_template:
             raise ChatTemplateError("this model has no chat template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
-        return env.from_string(self.chat_template)
+        return template_environment().from_string(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for ``messages`` ([{"role", "content"}, ...], ``content`` a string) and

@@ -67,6 +67,27 @@ def test_a_tool_aware_template_renders_as_transformers_renders_it():
     assert "Tools: get_weather: Weather in a city" in expected and "<call call_1 get_weather city=Paris>" in expected and "Sunny [call_1]" in expected
 
 
+# Qwen-style: the tools as JSON, a loop control and the date, as tool-aware templates use them.
+JSON_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nToday is {{ strftime_now('%Y') }}.{% for tool in tools %}\n{{ tool | tojson }}"
+    "{% if loop.index >= 1 %}{% break %}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}{% if message.role == 'tool' %}{% continue %}{% endif %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_tojson_loop_controls_and_the_date_render_as_in_transformers():
+    tool = {**WEATHER, "function": {**WEATHER["function"], "name": "weather_br", "description": "Weather in <b>São Paulo</b> & 'elsewhere'"}}
+    ours = dataclasses.replace(TOKENIZER, chat_template=JSON_TEMPLATE)
+    body = ChatCompletionRequest(model="m", messages=CONVERSATION, tools=[tool, WEATHER])
+    messages, tools = template_messages(body.messages, body.tools, template_takes_tools=True)
+    reference = PreTrainedTokenizerFast(tokenizer_object=TOKENIZER.tokenizer, chat_template=JSON_TEMPLATE)
+    hf_messages = [CONVERSATION[0], {**CONVERSATION[1], "content": ""}, CONVERSATION[2]]
+    expected = reference.apply_chat_template(hf_messages, tools=[tool, WEATHER], tokenize=False, add_generation_prompt=False)
+    assert ours.apply_chat_template(messages, False, tools) == expected
+    assert json.dumps(tool, ensure_ascii=False) in expected and "get_weather" not in expected.split("São Paulo", 1)[1].split("<|im_end|>")[0]
+
+
 def test_the_fallback_describes_the_tools_and_the_format_in_the_system_turn():
     body = request(CONVERSATION)
     messages, tools = template_messages(body.messages, body.tools, template_takes_tools=False)
