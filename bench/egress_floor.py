@@ -36,6 +36,7 @@ from deployments.engine_actor import Polled
 from deployments.engine_client import EngineClient, Submission
 from deployments.metrics import IngressMetrics
 from deployments.openai.event_stream import EventStream
+from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
@@ -175,7 +176,9 @@ async def _spout_code(streams: int, frames: int) -> dict:
         stream = ChoiceStream(f"r{i}", 0, 0, mailbox, initial_state(tokenizer.tokenizer, prompt, params))
         client.router.register(stream)
         submission = Submission(FORMAT, [stream], mailbox, len(prompt), [""], time.perf_counter())
-        responses.append(asyncio.create_task(EventStream(client.stream(submission, True), lambda: None)({"type": "http"}, never, send)))
+        responses.append(
+            asyncio.create_task(EventStream(client.stream(submission, StreamUsage(final=True, continuous=False)), lambda: None)({"type": "http"}, never, send))
+        )
     await asyncio.wait_for(asyncio.gather(*responses), 300)
     cpu_s = time.process_time() - started
     tokens = streams * frames

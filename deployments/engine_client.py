@@ -15,6 +15,7 @@ from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.openai.tool_calls import ChoiceToolCalls
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
@@ -160,17 +161,22 @@ class EngineClient:
         self.release(submission, cause="client_disconnect")
         submission.mailbox.fail(APIError(499, "the client closed the request", code="client_closed_request"))
 
-    async def stream(self, submission: Submission, include_usage: bool) -> AsyncGenerator[str, None]:
+    async def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:
         """SSE frames until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
         fmt = submission.format
         completion_tokens, unfinished = 0, len(submission.streams)
         first, last = True, 0.0
         tail = ""  # the last chunk, usage and [DONE] go out in one write
+
+        def usage_so_far() -> dict[str, object] | None:
+            return submission.usage(completion_tokens) if usage.continuous else None
+
         try:
             offsets = [len(text) for text in submission.echo_texts]
             calls = [ChoiceToolCalls(fmt.tool_calls) for _ in submission.streams] if fmt.tool_calls else None
             if fmt.chat or any(submission.echo_texts):
-                yield fmt.chunk_frame([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)])
+                roles = [fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)]
+                yield fmt.chunk_frame(roles, usage_so_far())
             while unfinished:
                 deltas = await submission.mailbox.take()
                 now = time.perf_counter()
@@ -184,10 +190,10 @@ class EngineClient:
                 first, last = False, now
                 completion_tokens += new_tokens
                 if unfinished:
-                    yield fmt.chunk_frame(choices)
+                    yield fmt.chunk_frame(choices, usage_so_far())
                 else:
-                    tail = fmt.chunk_frame(choices)
-            if include_usage:
+                    tail = fmt.chunk_frame(choices, usage_so_far())
+            if usage.final:
                 tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
         except APIError as error:
             tail = error.sse_frame()

@@ -182,7 +182,7 @@ class Ingress:
         check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
         submission = await client.submit(fmt, prompts, params, echo)
         if body.stream:
-            return EventStream(client.stream(submission, body.include_usage), lambda: client.disconnect(submission))
+            return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
         return JSONResponse(await client.collect(submission))
 
     async def completions(self, request: Request) -> Response:

@@ -8,7 +8,7 @@ becomes ``structured_outputs``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -25,6 +25,15 @@ TokenId = Annotated[int, Field(ge=0, lt=2**32)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: with ``include_usage``, every chunk carries the usage so far."""
+
+
+class StreamUsage(NamedTuple):
+    """Where a stream reports usage: in a last chunk of its own, and in every chunk as it goes."""
+
+    final: bool
+    continuous: bool
 
 
 class JsonSchema(BaseModel):
@@ -69,8 +78,10 @@ class _Request(BaseModel):
         return "structured_outputs" if self.response_format is None or isinstance(self.response_format, TextFormat) else "response_format"
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def stream_usage(self) -> StreamUsage:
+        """As vLLM: ``continuous_usage_stats`` counts only with ``include_usage``."""
+        options = self.stream_options or StreamOptions()
+        return StreamUsage(options.include_usage, options.include_usage and options.continuous_usage_stats)
 
     def _structured_outputs(self) -> StructuredOutputs | None:
         """``response_format`` as `StructuredOutputs` (None: text, or not given)."""
@@ -107,7 +118,7 @@ class CompletionRequest(_Request):
             raise ValueError("prompt must not be empty")
         n = (self.model_extra or {}).get("n", 1)
         if self.best_of is not None and self.best_of != n:
-            raise ValueError("best_of other than n is not supported")
+            raise APIError(400, "best_of other than n is not supported (nor in vLLM): ask for n choices and rank them", param="best_of")
         return self
 
     def sampling_params(self) -> SamplingParams:

@@ -47,9 +47,10 @@ class ResponseFormat:
         """``data: {"id":...,"choices":[``: how each of this response's chunk frames starts."""
         return sse(self.chunk([]))[: -len(FRAME_END)]
 
-    def chunk_frame(self, choices: list[dict[str, object]]) -> str:
-        """``sse(self.chunk(choices))``, with the envelope encoded once per response, not per frame."""
-        return self.frame_start + ",".join([_JSON.encode(choice) for choice in choices]) + FRAME_END
+    def chunk_frame(self, choices: list[dict[str, object]], usage: dict[str, object] | None = None) -> str:
+        """``sse(self.chunk(choices))`` (with ``usage`` when given), the envelope encoded once per response, not per frame."""
+        frame = self.frame_start + ",".join([_JSON.encode(choice) for choice in choices])
+        return frame + FRAME_END if usage is None else f'{frame}],"usage":{_JSON.encode(usage)}}}\n\n'
 
     def chunk_choice(
         self,

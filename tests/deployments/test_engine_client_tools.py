@@ -13,7 +13,7 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
 from deployments.engine_client import EngineClient
 from deployments.metrics import IngressMetrics
-from deployments.openai.protocol import ChatCompletionRequest
+from deployments.openai.protocol import ChatCompletionRequest, StreamUsage
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import tool_call_output
 from deployments.prompt_encoder import PromptEncoder
@@ -72,7 +72,7 @@ async def run(per_poll: int, streaming: bool, parallel: bool = True):
         return await client.collect(submission)
     return [
         json.loads(frame[len("data: ") :])
-        for part in [f async for f in client.stream(submission, False)]
+        for part in [f async for f in client.stream(submission, StreamUsage(final=False, continuous=False))]
         for frame in part.split("\n\n")
         if frame.startswith("data: {")
     ]

@@ -78,6 +78,26 @@ def test_include_usage_adds_a_last_chunk_with_usage(server):
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server, chat):
+    """vLLM's ``continuous_usage_stats``: each chunk's usage counts the tokens sent up to it; the last equals the final usage."""
+    client = server.openai()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    request = {"model": server.model, "max_tokens": 12, "temperature": 1.0, "seed": 3, "n": 2, "stream_options": options, "extra_body": {"ignore_eos": True}}
+    if chat:
+        _, _, chunks = stream_chat(client, messages=MESSAGES, **request)
+    else:
+        _, _, chunks = stream_completion(client, prompt=PROMPT, **request)
+    *streamed, final = chunks
+    assert final.choices == [] and final.usage.completion_tokens == 24
+    assert all(chunk.usage is not None and chunk.usage.prompt_tokens == final.usage.prompt_tokens for chunk in streamed)
+    counts = [chunk.usage.completion_tokens for chunk in streamed]
+    assert counts == sorted(counts) and counts[-1] == final.usage.completion_tokens
+    assert all(chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens for chunk in streamed)
+    without = stream_completion(client, prompt=PROMPT, **{**request, "stream_options": {"continuous_usage_stats": True}})[2]
+    assert all(chunk.usage is None for chunk in without), "as vLLM: only with include_usage"
+
+
 def test_echo_and_list_prompts(server):
     client = server.openai()
     echoed = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4, temperature=0.0, echo=True)

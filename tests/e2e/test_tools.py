@@ -78,7 +78,14 @@ def test_tool_choice_none_offers_no_tools_and_parses_nothing(server):
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_and_named_tool_choice_constrain_the_output_to_a_call(server, tool_choice, stream):
     """The grammar engine makes the model call the tool, whatever it would have written, at any temperature."""
-    request = {**REQUEST, "messages": [{"role": "user", "content": "Tell me a joke."}], "temperature": 1.0, "seed": 7, "max_tokens": 96, "parallel_tool_calls": False}
+    request = {
+        **REQUEST,
+        "messages": [{"role": "user", "content": "Tell me a joke."}],
+        "temperature": 1.0,
+        "seed": 7,
+        "max_tokens": 96,
+        "parallel_tool_calls": False,
+    }
     client = server.openai()
     if stream:
         names, arguments, finish = "", "", None
