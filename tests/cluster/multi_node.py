@@ -66,8 +66,9 @@ async def stream(client: httpx.AsyncClient, i: int, started: asyncio.Event | Non
     text, error = "", None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                return {"text": "", "error": f"HTTP {response.status_code}"}
+            if response.status_code != 200:  # refused before streaming: the code from the error JSON
+                refusal = json.loads(await response.aread())["error"]
+                return {"text": "", "error": f"HTTP {response.status_code} {refusal.get('code')}"}
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue

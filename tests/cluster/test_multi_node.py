@@ -68,7 +68,8 @@ def test_losing_an_engine_node_fails_only_its_streams(report: dict) -> None:
     streams = report["engine_node_removed"]
     failed = [s for s in streams if s["error"] is not None]
     assert failed and len(failed) < len(streams), "both engines had streams"
-    assert all(s["error"] == "engine_failed" for s in failed), "an error frame, not a dropped connection"
+    # an error frame mid-stream, or a 503 for a request that reached the engine as it went; never a dropped connection
+    assert all(s["error"] in ("engine_failed", "HTTP 503 engine_failed") for s in failed), failed
     assert all(s["exact"] for s in streams if s["error"] is None)
     assert exact_and_clean(report["after_engine_loss"]), "new requests go to the surviving engine"
 
