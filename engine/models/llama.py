@@ -50,18 +50,26 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rope(q, k, meta.positions)
-        key_cache[meta.slots, :, meta.positions] = k
-        value_cache[meta.slots, :, meta.positions] = v
+        key_cache[meta.blocks, :, meta.offsets] = k
+        value_cache[meta.blocks, :, meta.offsets] = v
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
         for group in meta.groups:
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
-            keys = key_cache[group.slots, :, : group.kv_len]  # [B, KVH, L, D]
-            values = value_cache[group.slots, :, : group.kv_len]
+            keys = gather_blocks(key_cache, group.block_tables, group.kv_len)
+            values = gather_blocks(value_cache, group.block_tables, group.kv_len)
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
             out[group.token_index] = attended.transpose(1, 2)
         return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """cache: [num_blocks, KVH, block_size, D], block_tables: [B, N] -> [B, KVH, kv_len, D], each
+    sequence's positions in order (kv_len <= N * block_size)."""
+    blocks = cache[block_tables]  # [B, N, KVH, block_size, D]
+    batch, num_blocks, num_kv_heads, block_size, head_dim = blocks.shape
+    return blocks.transpose(1, 2).reshape(batch, num_kv_heads, num_blocks * block_size, head_dim)[:, :, :kv_len]
 
 
 class MLP(nn.Module):
