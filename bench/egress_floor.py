@@ -9,7 +9,7 @@
 - ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
 - ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
   Ray: `OutputRouter._route` on one step's `EngineOutput`s (inline detok, stop and
-  delivery), then each stream's `Generation.stream` through `EventStream` to a send
+  delivery), then each stream's `EngineClient.stream` through `EventStream` to a send
   that does nothing; CPU per token of this process.
 
 What the ingress costs above the sum (``bench.serve_load``'s ``cpu_us_ingress``, one
@@ -33,11 +33,11 @@ from bench.process_cpu import TICKS_PER_S
 from bench.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
-from deployments.event_stream import EventStream
-from deployments.generation import Generation, Submission
+from deployments.engine_client import EngineClient, Submission
 from deployments.metrics import IngressMetrics
+from deployments.openai.event_stream import EventStream
+from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
-from deployments.responses import ResponseFormat, sse
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
 from engine.loader.checkpoint import load_tokenizer
@@ -168,14 +168,14 @@ async def _spout_code(streams: int, frames: int) -> dict:
         return {}
 
     started = time.process_time()
-    generation = Generation([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics())  # its router starts polling at once
+    client = EngineClient([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics())  # its router starts polling at once
     responses = []
     for i in range(streams):
         mailbox = Mailbox()
         stream = ChoiceStream(f"r{i}", 0, 0, mailbox, initial_state(tokenizer.tokenizer, prompt, params))
-        generation.router.register(stream)
+        client.router.register(stream)
         submission = Submission(FORMAT, [stream], mailbox, len(prompt), [""], time.perf_counter())
-        responses.append(asyncio.create_task(EventStream(generation.stream(submission, True), lambda: None)({"type": "http"}, never, send)))
+        responses.append(asyncio.create_task(EventStream(client.stream(submission, True), lambda: None)({"type": "http"}, never, send)))
     await asyncio.wait_for(asyncio.gather(*responses), 300)
     cpu_s = time.process_time() - started
     tokens = streams * frames

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from deployments.engine_actor import EngineActor, NewRequest
-from deployments.protocol import CompletionRequest
-from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
+from deployments.openai.protocol import CompletionRequest
+from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from detok import DetokItem, detokenize_batch, initial_state
 from engine.config import EngineConfig
 from engine.loader.checkpoint import load_tokenizer
@@ -78,7 +78,7 @@ class EngineServer:
                 state, num_tokens = result.state, num_tokens + len(output.new_token_ids)
                 reason = output.finish_reason.value if finished else None
                 yield sse(fmt.chunk([fmt.chunk_choice(0, result.text, reason, output.stop_reason)]))
-            yield sse(fmt.usage_chunk(usage(len(prompt), num_tokens, [])))
+            yield sse(fmt.usage_chunk(usage(len(prompt), num_tokens)))
         finally:
             del self.queues[request_id]
             if not finished:

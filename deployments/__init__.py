@@ -1,14 +1,15 @@
 """The Ray Serve application: ``serve run deployments:app`` (or ``deployments:build_app key=value ...``).
 
-A request's path, and a token's, through this package:
+A request's path, and a token's, through this package (the OpenAI wire format it speaks,
+with no Ray, is the `deployments.openai` package):
 
-1. `ingress.Ingress` (a Serve replica) reads the body within its limits (`request_body`),
-   checks the key (`auth`), validates it (`protocol`), checks every costly field against the
-   operator's `limits.RequestLimits`, and encodes the prompt on a worker (`prompt_encoder`).
-2. `generation.Generation.submit` tokenizes the request's strings once (bad words, DRY
-   breakers, negative prompt), registers one `streams.ChoiceStream` per choice with the
-   `output_router.OutputRouter`, and adds them to the least loaded live engine in one
-   batched actor call per tick (`tick_batcher`).
+1. `ingress.Ingress` (a Serve replica) reads the body within its limits (`openai.request_body`),
+   checks the key (`auth`), validates it (`openai.protocol`), checks every costly field against
+   the operator's `limits.RequestLimits`, and encodes the prompt on a worker (`prompt_encoder`).
+2. `engine_client.EngineClient.submit` (the replica's client of the engines) tokenizes the
+   request's strings once (bad words, DRY breakers, negative prompt), registers one
+   `streams.ChoiceStream` per choice with the `output_router.OutputRouter`, and adds them to
+   the least loaded live engine in one batched actor call per tick (`tick_batcher`).
 3. `engine_actor.EngineActor` (one per GPU, detached, owned by the app) runs `EngineCore`
    on its own thread; each step's new token ids for a replica's requests wait in that
    replica's mailbox. Every reply carries the engine's incarnation; the engine steps at
@@ -17,8 +18,8 @@ A request's path, and a token's, through this package:
    back the aborts found since the last poll; it detokenizes them in one batch, inline or
    on the `detok_pool` deployment, and puts text deltas in each request's `streams.Mailbox`.
    A stop string found there finishes the choice and its abort rides the next poll.
-5. `generation.Generation.stream` turns mailbox deltas into SSE frames (`responses`) that
-   `event_stream.EventStream` writes; a client that leaves aborts its choices at once.
+5. `engine_client.EngineClient.stream` turns mailbox deltas into SSE frames (`openai.responses`)
+   that `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once.
 """
 
 from deployments.app import build_app

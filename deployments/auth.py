@@ -10,7 +10,7 @@ import hmac
 
 from pydantic import SecretStr
 
-from deployments.errors import APIError
+from deployments.openai.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from deployments.limits import RequestLimits
+from deployments.openai.tool_parsers import TOOL_CALL_PARSERS
 from engine.config import DEFAULT_MODEL, EngineConfig
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
@@ -48,6 +49,7 @@ class ServeArgs(RequestLimits):
     api_key: SecretStr | None = Field(None, description=f"When set, every route but /health requires it; {API_KEY_ENV} sets it from the environment.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
+    tool_call_parser: str = Field("hermes", description=f"How tool_choice 'auto' finds the model's tool calls in its text; one of {sorted(TOOL_CALL_PARSERS)}.")
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], environ: Mapping[str, str]) -> ServeArgs:
@@ -62,6 +64,13 @@ class ServeArgs(RequestLimits):
         if key is not None and not key.get_secret_value().strip():
             raise ValueError(f"the API key is empty: set a non-empty api_key (or {API_KEY_ENV}), or leave it unset to serve without one")
         return key
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        if name not in TOOL_CALL_PARSERS:
+            raise ValueError(f"no tool call parser is named {name!r}; there are {sorted(TOOL_CALL_PARSERS)}")
+        return name
 
     @model_validator(mode="after")
     def _one_request_cannot_fill_the_queue(self) -> ServeArgs:

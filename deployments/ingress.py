@@ -19,16 +19,18 @@ from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
-from deployments.errors import APIError
-from deployments.event_stream import EventStream
-from deployments.generation import Generation
+from deployments.engine_client import EngineClient
 from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
-from deployments.openapi import openapi_document
+from deployments.openai.errors import APIError
+from deployments.openai.event_stream import EventStream
+from deployments.openai.openapi import openapi_document
+from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai.request_body import read_body, validate_body
+from deployments.openai.responses import ResponseFormat
+from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
+from deployments.openai.tool_prompt import template_messages
 from deployments.prompt_encoder import PromptEncoder
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.request_body import read_body, validate_body
-from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
 from sampling.params import SamplingParams
@@ -86,21 +88,21 @@ class Ingress:
         self.encoder = PromptEncoder(self.tokenizer)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
-        self.generation: asyncio.Task[Generation] | None = None
+        self.engine_client: asyncio.Task[EngineClient] | None = None
         self.max_model_len: int | None = None
 
-    async def _ready(self) -> Generation:
-        """The replica's one `Generation` (one output loop per engine), made by the first request;
+    async def _ready(self) -> EngineClient:
+        """The replica's one `EngineClient` (one output loop per engine), made by the first request;
         concurrent first requests await the same task, and a failed start is tried again."""
-        if self.generation is None or (self.generation.done() and self.generation.exception() is not None):
+        if self.engine_client is None or (self.engine_client.done() and self.engine_client.exception() is not None):
             # An empty context, so that Ray does not cancel the start with the request that began it.
-            self.generation = asyncio.get_running_loop().create_task(self._start(), context=contextvars.Context())
-        return await asyncio.shield(self.generation)
+            self.engine_client = asyncio.get_running_loop().create_task(self._start(), context=contextvars.Context())
+        return await asyncio.shield(self.engine_client)
 
-    async def _start(self) -> Generation:
+    async def _start(self) -> EngineClient:
         lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
-        return Generation(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval)
+        return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -149,7 +151,7 @@ class Ingress:
 
     async def _submit(
         self,
-        generation: Generation,
+        client: EngineClient,
         fmt: ResponseFormat,
         prompts: list[list[int]],
         body: CompletionRequest | ChatCompletionRequest,
@@ -159,11 +161,11 @@ class Ingress:
         """Submit the choices, then answer with their stream or their whole response."""
         # Checked again with no await before `submit` registers the choices, so that requests
         # whose prompts were encoded at the same time cannot together pass the limit.
-        check_in_flight(self.args, len(generation.router.streams), len(prompts) * params.n)
-        submission = await generation.submit(fmt, prompts, params, echo)
+        check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
+        submission = await client.submit(fmt, prompts, params, echo)
         if body.stream:
-            return EventStream(generation.stream(submission, body.include_usage), lambda: generation.disconnect(submission))
-        return JSONResponse(await generation.collect(submission))
+            return EventStream(client.stream(submission, body.include_usage), lambda: client.disconnect(submission))
+        return JSONResponse(await client.collect(submission))
 
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
@@ -172,31 +174,36 @@ class Ingress:
         choices = len(texts_or_ids) * params.n
         check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
         check_echo(self.args, body.echo, choices)
-        generation = await self._ready()
+        client = await self._ready()
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
-        check_in_flight(self.args, len(generation.router.streams), choices)
+        check_in_flight(self.args, len(client.router.streams), choices)
         prompts = await self.encoder.prompts(texts_or_ids)
         for prompt in prompts:
             self._check_prompt(prompt)
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
-        return await self._submit(generation, fmt, prompts, body, params, echo=body.echo)
+        return await self._submit(client, fmt, prompts, body, params, echo=body.echo)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
-        messages = body.chat_messages()
         check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
-        check_messages(self.args, [m["content"] for m in messages])
-        generation = await self._ready()
-        check_in_flight(self.args, len(generation.router.streams), params.n)
+        check_messages(self.args, body.client_texts(), len(body.tools or []))
+        schema = tool_call_schema(body)
+        if schema is not None:
+            params = constrain_to_json_schema(params, schema)
+        offered = body.tools if body.effective_tool_choice != "none" else None
+        messages, tools = template_messages(body.messages, offered, self.tokenizer.template_takes_tools)
+        client = await self._ready()
+        check_in_flight(self.args, len(client.router.streams), params.n)
         try:
-            prompt = await self.encoder.chat(messages, body.add_generation_prompt)
+            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
-        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True)
-        return await self._submit(generation, fmt, [prompt], body, params, echo=False)
+        calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
+        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls)
+        return await self._submit(client, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:
         await self._ready()
@@ -217,7 +224,7 @@ class Ingress:
 
     async def metrics_text(self, request: Request) -> Response:
         engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
-        generation = await self._ready()
+        client = await self._ready()
         total = self.detok.inline_batches + self.detok.pool_batches
-        replica = ReplicaState(live_choices=len(generation.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)
+        replica = ReplicaState(live_choices=len(client.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)
         return Response(self.metrics.render(engine_stats, replica), media_type=CONTENT_TYPE)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.errors import APIError
+from deployments.openai.errors import APIError
 from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -44,6 +44,10 @@ class RequestLimits(BaseModel):
         description="The most num_speculative_tokens a client may ask for beyond the server's own; 0: clients cannot turn speculation on.",
     )
     max_json_depth: int = Field(32, ge=2, le=512, description="Nesting of arrays and objects in a request body.")
+    max_tools: int = Field(64, ge=0, description="Entries of tools (their text counts in max_prompt_bytes).")
+    max_tool_call_bytes: int = Field(
+        16_384, ge=64, description="UTF-8 bytes of one tool call in the output; a longer one is streamed as the text it is, not as a call."
+    )
 
 
 def utf8_size(text: str) -> int:
@@ -114,11 +118,12 @@ def check_context_length(num_tokens: int, max_model_len: int) -> None:
         )
 
 
-def check_messages(limits: RequestLimits, texts: list[str]) -> None:
-    """Chat message text, all messages together, by UTF-8 size."""
+def check_messages(limits: RequestLimits, texts: list[str], num_tools: int) -> None:
+    """Chat text (messages, their tool calls, the tools), all together, by UTF-8 size; the number of tools."""
+    _check_count("tools", "tools", num_tools, limits.max_tools, "max_tools")
     size = sum(map(utf8_size, texts))
     if size > limits.max_prompt_bytes:
-        raise _over("messages", "bytes of message text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+        raise _over("messages", "bytes of message and tool text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
 
 
 def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:

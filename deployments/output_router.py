@@ -3,7 +3,7 @@
 It also watches each engine's incarnation (in every reply): a changed one means the actor
 was restarted and lost its requests, so the streams added to the old incarnation end at
 once with an ``engine_failed`` error frame. An engine whose poll fails is marked down
-(`Generation` sends it no new requests) until it answers again.
+(`EngineClient` sends it no new requests) until it answers again.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import logging
 from dataclasses import replace
 
 from deployments.detok_pool import DetokClient
-from deployments.errors import APIError
-from deployments.logprobs import logprob_entries, logprob_token_ids
 from deployments.metrics import IngressMetrics
+from deployments.openai.errors import APIError
+from deployments.openai.logprobs import logprob_entries, logprob_token_ids
 from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
 from engine.request import EngineOutput
@@ -51,7 +51,7 @@ class OutputRouter:
         self.pending_aborts: list[list[str]] = [[] for _ in engines]
         self.streams: dict[str, ChoiceStream] = {}
         self.live_per_engine = [0] * len(engines)
-        """Registered streams per engine: the load `Generation` balances, kept as they come and go."""
+        """Registered streams per engine: the load `EngineClient` balances, kept as they come and go."""
         self.incarnations: list[int | None] = [None] * len(engines)
         self.down: set[int] = set()
         """Engines whose last poll failed: restarting, or gone."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
@@ -29,9 +30,9 @@ class PromptEncoder:
             return prompts  # type: ignore[return-value]
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._encode_all, prompts)
 
-    async def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-        """The chat template's prompt for ``messages``; raises `engine.tokenizer.ChatTemplateError`."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.tokenizer.encode_chat, messages, add_generation_prompt)
+    async def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The chat template's prompt for ``messages`` and ``tools``; raises `engine.tokenizer.ChatTemplateError`."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.tokenizer.encode_chat, messages, add_generation_prompt, tools)
 
     async def strings(self, params: SamplingParams) -> TokenizedStrings | None:
         """The request's strings as ids (`tokenize_strings`); None when it has none."""

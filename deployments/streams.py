@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from deployments.errors import APIError
-from deployments.logprobs import LogprobEntry
+from deployments.openai.errors import APIError
+from deployments.openai.logprobs import LogprobEntry
 from detok import DetokState
 
 

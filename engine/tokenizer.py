@@ -9,10 +9,12 @@ the special tokens written in it are recognised (`encode`).
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import secrets
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import jinja2
 import tokenizers
@@ -48,6 +50,11 @@ class TextTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template reads ``tools`` (llama.cpp's test: the name appears in its source)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
         if not self.chat_template:
@@ -56,27 +63,39 @@ class TextTokenizer:
         env.globals["raise_exception"] = _raise_exception
         return env.from_string(self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` ([{"role", "content"}, ...])."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for ``messages`` ([{"role", "content"}, ...], ``content`` a string) and
+        ``tools`` (function definitions, passed to the template as Hugging Face passes them)."""
         token = self.tokenizer.id_to_token
         try:
             return self._compiled_template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=token(self.bos_token_id) if self.bos_token_id is not None else "",
                 eos_token=token(self.eos_token_ids[0]) if self.eos_token_ids else "",
             )
         except jinja2.TemplateError as error:
             raise ChatTemplateError(f"chat template failed: {error}") from error
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids; special-token text inside a message's content stays text."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt's token ids; special-token text inside a message's content stays text, and
+        `ChatTemplateError` for tools or tool calls that spell a special token."""
+        self._check_outside_content(messages, tools)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         # The template writes BOS itself where the model wants one.
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         if not any(special in message["content"] for message in messages for special in self._special_texts):
             return encoding.ids  # every control token comes from the markup
-        return self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text))
+        return self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text, tools))
+
+    def _check_outside_content(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        """The client's text that the template writes outside the contents (tools, a message's tool
+        calls) cannot be kept apart from the markup, so it may not spell a special token."""
+        outside = json.dumps([tools, [{k: v for k, v in m.items() if k != "content"} for m in messages]], ensure_ascii=False)
+        spelt = next((special for special in self._special_texts if special in outside), None)
+        if spelt is not None:
+            raise ChatTemplateError(f"the tools or tool calls spell the special token {spelt!r}")
 
     def _encode_with_text_spans(self, text: str, encoding: tokenizers.Encoding, spans: list[tuple[int, int]]) -> list[int]:
         """``text`` with the control tokens of ``encoding`` that lie outside ``spans`` kept, and everything
@@ -109,12 +128,14 @@ class TextTokenizer:
         copy.encode_special_tokens = True
         return copy
 
-    def _content_spans(self, messages: list[dict[str, str]], add_generation_prompt: bool, text: str) -> list[tuple[int, int]]:
+    def _content_spans(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, text: str, tools: list[dict[str, Any]] | None
+    ) -> list[tuple[int, int]]:
         """Where the messages' contents lie in ``text`` (the rendered template): the template is rendered
         again with each content between markers no client can know, then the markers are removed."""
         nonce = secrets.token_hex(8)
         marked = [{**m, "content": f"\x00{nonce}<{i}\x00{m['content']}\x00{nonce}>{i}\x00"} for i, m in enumerate(messages)]
-        rendered = self.apply_chat_template(marked, add_generation_prompt)
+        rendered = self.apply_chat_template(marked, add_generation_prompt, tools)
         pieces = re.split(f"\x00{nonce}([<>])\\d+\x00", rendered)  # text, kind, text, kind, ..., text
         texts, kinds = pieces[0::2], pieces[1::2]
         if "".join(texts) != text or kinds != ["<", ">"] * (len(kinds) // 2):

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from bench.stream_baseline import EngineServer
-from deployments.responses import ResponseFormat
+from deployments.openai.responses import ResponseFormat
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from sampling.params import SamplingParams

@@ -9,7 +9,7 @@ from pydantic import SecretStr, ValidationError
 
 from deployments.auth import APIKeyCheck
 from deployments.config import API_KEY_ENV, ServeArgs
-from deployments.errors import APIError
+from deployments.openai.errors import APIError
 
 PROTECTED = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/metrics", "/openapi.json", "/no/such/route", "/health/x", ""]
 

@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
-from deployments.errors import APIError
 from deployments.limits import RequestLimits, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.openai.errors import APIError
 from sampling.params import SamplingParams
 
 LIMITS = RequestLimits(
@@ -27,6 +27,7 @@ LIMITS = RequestLimits(
     max_prompt_bytes=10,
     max_echo_choices=2,
     max_choices_in_flight=10,
+    max_tools=2,
 )
 
 # (request field, limit key, params at the limit, params just over it, choices)
@@ -88,10 +89,17 @@ def test_prompt_bytes_before_tokenizing():
 
 
 def test_chat_message_bytes_together():
-    check_messages(LIMITS, ["x" * 5, "y" * 5])
+    check_messages(LIMITS, ["x" * 5, "y" * 5], num_tools=0)
     with pytest.raises(APIError, match="max_prompt_bytes") as refused:
-        check_messages(LIMITS, ["x" * 5, "y" * 6])
+        check_messages(LIMITS, ["x" * 5, "y" * 6], num_tools=0)
     assert (refused.value.status, refused.value.param) == (413, "messages")
+
+
+def test_number_of_tools():
+    check_messages(LIMITS, [], num_tools=2)
+    with pytest.raises(APIError, match="max_tools") as refused:
+        check_messages(LIMITS, [], num_tools=3)
+    assert (refused.value.status, refused.value.param) == (400, "tools")
 
 
 def test_echo_choices():

@@ -23,9 +23,9 @@ class ThreadRecordingTokenizer(TextTokenizer):
         self.threads.append(threading.current_thread().name)
         return super().encode(text, add_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
         self.threads.append(threading.current_thread().name)
-        return super().encode_chat(messages, add_generation_prompt)
+        return super().encode_chat(messages, add_generation_prompt, tools)
 
 
 def _recording() -> ThreadRecordingTokenizer:

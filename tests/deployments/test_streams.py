@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deployments.responses import ResponseFormat, sse
+from deployments.openai.responses import ResponseFormat, sse
 from deployments.streams import Mailbox
 
 

@@ -16,7 +16,7 @@ class EventStream(Response):
     that waits for the disconnect, and cancels the group when it comes: per request that
     machinery cost the ingress about as much CPU as four frames. Here one plain task waits
     for ``http.disconnect`` and calls ``on_disconnect`` at once, which must make ``frames``
-    end soon (`Generation.disconnect` aborts the request and wakes its mailbox); nothing is
+    end soon (`EngineClient.disconnect` aborts the request and wakes its mailbox); nothing is
     sent after it. A response cut short another way (a failed send, a cancellation) calls
     ``on_disconnect`` too.
     """

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from deployments.errors import APIError, from_validation_error
+from deployments.openai.errors import APIError, from_validation_error
+from deployments.openai.tools import NamedToolChoice, Tool, ToolCall, ToolChoice
 from sampling.params import MAX_LOGPROBS, SamplingParams
 
 # The tokenizer cannot even look up an id outside u32 (the ingress decodes prompts for the
@@ -85,6 +86,16 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -101,6 +112,27 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) < len(names):
+            raise APIError(400, "tools: two tools have the same function name", param="tools")
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            raise APIError(400, "tool_choice: 'required' and a named function need tools", param="tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise APIError(400, f"tool_choice: no tool is named {self.tool_choice.function.name!r}", param="tool_choice")
+        return self
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """OpenAI's default: "auto" with tools, "none" without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
     def sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -112,5 +144,8 @@ class ChatCompletionRequest(_Request):
             params = params.model_copy(update={"max_tokens": None})
         return params
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def client_texts(self) -> list[str]:
+        """The client's text that goes into the prompt: message contents, tool calls, tool definitions."""
+        calls = [call.function.name + call.function.arguments for m in self.messages for call in m.tool_calls or []]
+        tools = [tool.model_dump_json(exclude_none=True) for tool in self.tools or []]
+        return [m.text() for m in self.messages] + calls + tools

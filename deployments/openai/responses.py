@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 
-from deployments.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
-from deployments.streams import ChoiceStream
+from deployments.openai.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
+from deployments.openai.tool_calls import ToolCallOutput
+from deployments.openai.tools import ToolCall
 
 DONE_FRAME = "data: [DONE]\n\n"
 FRAME_END = "]}\n\n"
@@ -22,16 +23,18 @@ def sse(payload: dict[str, object]) -> str:
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """How one request's choices are written: ``chat`` or plain completions."""
+    """How one request's choices are written: ``chat`` or plain completions; with ``tool_calls``,
+    how a chat's text is read for tool calls."""
 
     request_id: str
     model: str
     chat: bool
     created: int
+    tool_calls: ToolCallOutput | None = None
 
     @classmethod
-    def new(cls, request_id: str, model: str, chat: bool) -> ResponseFormat:
-        return cls(request_id, model, chat, int(time.time()))
+    def new(cls, request_id: str, model: str, chat: bool, tool_calls: ToolCallOutput | None = None) -> ResponseFormat:
+        return cls(request_id, model, chat, int(time.time()), tool_calls)
 
     def _envelope(self, obj: str, choices: list[dict[str, object]]) -> dict[str, object]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -56,10 +59,14 @@ class ResponseFormat:
         stop_reason: int | str | None,
         logprobs: dict[str, object] | None = None,
         role: bool = False,
+        tool_calls: list[tuple[int, ToolCall]] | None = None,
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if role else {"content": text}
+            delta: dict[str, object] = {"role": "assistant", "content": text} if role else {"content": text}
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i} | call.model_dump() for i, call in tool_calls]
+            choice["delta"] = delta
         else:
             choice["text"] = text
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
@@ -83,20 +90,22 @@ class ResponseFormat:
         finish_reason: str | None,
         stop_reason: int | str | None,
         logprobs: dict[str, object] | None,
+        tool_calls: list[ToolCall] | None = None,
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
-        if self.chat:
+        if self.chat and tool_calls:
+            calls = [call.model_dump() for call in tool_calls]
+            choice["message"] = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, streams: list[ChoiceStream]) -> dict[str, object]:
+def usage(prompt_tokens: int, completion_tokens: int, drafted: int = 0, accepted: int = 0) -> dict[str, object]:
     """OpenAI usage; drafted tokens, when any, as ``completion_tokens_details`` (accepted and rejected predictions)."""
     counts: dict[str, object] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-    drafted = sum(stream.num_draft_tokens for stream in streams)
     if drafted == 0:
         return counts
-    accepted = sum(stream.num_accepted_tokens for stream in streams)
     return counts | {"completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}}

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
-from deployments.errors import APIError
-from deployments.request_body import INLINE_PARSE_BYTES, json_depth, parse_json_object, read_body, validate_body
+from deployments.openai.errors import APIError
+from deployments.openai.request_body import INLINE_PARSE_BYTES, json_depth, parse_json_object, read_body, validate_body
 
 
 async def _chunks(parts: list[bytes], consumed: list[int]):

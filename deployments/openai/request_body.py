@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from deployments.errors import APIError, from_validation_error
+from deployments.openai.errors import APIError, from_validation_error
 
 Body = TypeVar("Body", bound=BaseModel)
 INLINE_PARSE_BYTES = 65_536  # larger bodies are parsed on a worker thread

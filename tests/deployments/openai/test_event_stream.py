@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from deployments.event_stream import EventStream
+from deployments.openai.event_stream import EventStream
 
 
 async def _serve(stream: EventStream, receive_messages: asyncio.Queue) -> list[dict]:

@@ -1,4 +1,5 @@
-"""A request's life in the ingress: submit its choices to an engine, then stream or collect them."""
+"""`EngineClient`, the ingress replica's client of the engines: a request's life in the ingress,
+submitting its choices to an engine, then streaming or collecting them."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
-from deployments.errors import APIError
-from deployments.logprobs import LogprobEntry
 from deployments.metrics import IngressMetrics
+from deployments.openai.errors import APIError
+from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
+from deployments.openai.tool_calls import ChoiceToolCalls
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
-from deployments.responses import DONE_FRAME, ResponseFormat, sse, usage
-from deployments.streams import ChoiceStream, Mailbox
+from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
 from sampling.params import SamplingParams
@@ -34,8 +36,14 @@ class Submission:
     echo_texts: list[str]
     arrived: float
 
+    def usage(self, completion_tokens: int) -> dict[str, object]:
+        """The OpenAI usage, with the choices' drafted and accepted tokens."""
+        drafted = sum(stream.num_draft_tokens for stream in self.streams)
+        accepted = sum(stream.num_accepted_tokens for stream in self.streams)
+        return usage(self.num_prompt_tokens, completion_tokens, drafted, accepted)
 
-class Generation:
+
+class EngineClient:
     """Owns this ingress replica's engine handles, output router and batched add/abort calls."""
 
     def __init__(
@@ -160,6 +168,7 @@ class Generation:
         tail = ""  # the last chunk, usage and [DONE] go out in one write
         try:
             offsets = [len(text) for text in submission.echo_texts]
+            calls = [ChoiceToolCalls(fmt.tool_calls) for _ in submission.streams] if fmt.tool_calls else None
             if fmt.chat or any(submission.echo_texts):
                 yield fmt.chunk_frame([fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)])
             while unfinished:
@@ -169,7 +178,7 @@ class Generation:
                 for i, d in sorted(deltas.items()):
                     new_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
-                    choices.append(fmt.chunk_choice(i, d.text, d.finish_reason, d.stop_reason, fmt.logprobs(d.logprobs, offsets[i])))
+                    choices.append(chunk_choice(fmt, i, d, offsets[i], calls[i] if calls else None))
                     offsets[i] += len(d.text)
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
@@ -179,7 +188,7 @@ class Generation:
                 else:
                     tail = fmt.chunk_frame(choices)
             if include_usage:
-                tail += sse(fmt.usage_chunk(usage(submission.num_prompt_tokens, completion_tokens, submission.streams)))
+                tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
         except APIError as error:
             tail = error.sse_frame()
         finally:
@@ -208,14 +217,34 @@ class Generation:
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        choices = [fmt.full_choice(i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
-        return fmt.full(choices, usage(submission.num_prompt_tokens, completion_tokens, submission.streams))
+        choices = [full_choice(fmt, i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
+        return fmt.full(choices, submission.usage(completion_tokens))
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:
             self.metrics.ttft.observe(now - submission.arrived)
         elif new_tokens:
             self.metrics.itl.observe((now - last) / new_tokens)
+
+
+def chunk_choice(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None) -> dict[str, object]:
+    """A stream chunk's choice for ``delta``; with ``calls``, its text read for tool calls."""
+    logprobs = fmt.logprobs(delta.logprobs, offset)
+    if calls is None:
+        return fmt.chunk_choice(index, delta.text, delta.finish_reason, delta.stop_reason, logprobs)
+    text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
+    return fmt.chunk_choice(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs, tool_calls=new_calls)
+
+
+def full_choice(
+    fmt: ResponseFormat, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, logprobs: dict[str, object] | None
+) -> dict[str, object]:
+    """A whole response's choice; with the format's tool calls, its text read for them."""
+    if fmt.tool_calls is None:
+        return fmt.full_choice(index, text, finish_reason, stop_reason, logprobs)
+    calls = ChoiceToolCalls(fmt.tool_calls)
+    content, new_calls = calls.feed(text, finished=True)
+    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, [call for _, call in new_calls])
 
 
 def refusal(message: str) -> APIError:

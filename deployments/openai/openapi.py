@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sampling.params import SamplingParams
 
 REF_TEMPLATE = "#/components/schemas/{model}"

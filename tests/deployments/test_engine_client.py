@@ -1,4 +1,4 @@
-"""`Generation.submit` in-process, against a fake engine handle: a client that leaves while its
+"""`EngineClient.submit` in-process, against a fake engine handle: a client that leaves while its
 request is being added leaves nothing behind in the ingress or the engine."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from ray.exceptions import ActorDiedError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
-from deployments.errors import APIError
-from deployments.generation import Generation
+from deployments.engine_client import EngineClient
 from deployments.metrics import IngressMetrics
+from deployments.openai.errors import APIError
+from deployments.openai.responses import ResponseFormat
 from deployments.prompt_encoder import PromptEncoder
-from deployments.responses import ResponseFormat
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
@@ -66,27 +66,27 @@ class SlowEngine:
         return Polled(self.incarnation, [])
 
 
-def new_generation(engine: SlowEngine) -> Generation:
+def new_client(engine: SlowEngine) -> EngineClient:
     detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-    return Generation([engine], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+    return EngineClient([engine], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
 
 
-def submit(generation: Generation):
+def submit(client: EngineClient):
     fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
-    return generation.submit(fmt, [TOKENIZER.encode("Hello")], SamplingParams(n=2), echo=False)
+    return client.submit(fmt, [TOKENIZER.encode("Hello")], SamplingParams(n=2), echo=False)
 
 
 def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
     async def run() -> tuple[SlowEngine, int]:
         engine = SlowEngine()
-        generation = new_generation(engine)
-        task = asyncio.create_task(submit(generation))
+        client = new_client(engine)
+        task = asyncio.create_task(submit(client))
         await asyncio.sleep(0.01)  # the add is in flight
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         while len(engine.aborted) < 4:  # the aborts go out at once, and again with the next poll
             await asyncio.sleep(0.05)
-        return engine, len(generation.router.streams)
+        return engine, len(client.router.streams)
 
     engine, live = asyncio.run(asyncio.wait_for(run(), 30))
     assert live == 0
@@ -96,12 +96,12 @@ def test_a_submit_cancelled_mid_add_unregisters_and_aborts_its_choices():
 
 def test_a_submit_to_a_restarting_engine_is_a_503():
     async def run() -> tuple[BaseException | None, int]:
-        generation = new_generation(SlowEngine(dead=True))
+        client = new_client(SlowEngine(dead=True))
         try:
-            await submit(generation)
+            await submit(client)
         except APIError as error:
-            return error, len(generation.router.streams)
-        return None, len(generation.router.streams)
+            return error, len(client.router.streams)
+        return None, len(client.router.streams)
 
     error, live = asyncio.run(run())
     assert isinstance(error, APIError) and (error.status, error.code) == (503, "engine_failed")
@@ -112,15 +112,15 @@ def test_requests_go_to_the_engine_with_the_fewest_live_choices():
     async def run() -> None:
         engines = [SlowEngine(), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
-        first = await submit(generation)  # n=2 on engine 0
+        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        first = await submit(client)  # n=2 on engine 0
         assert [s.engine_index for s in first.streams] == [0, 0]
-        second = await submit(generation)
+        second = await submit(client)
         assert [s.engine_index for s in second.streams] == [1, 1]
-        generation.release(first, cause="client_disconnect")
-        generation.release(first, cause="client_disconnect")  # twice: counted once
-        assert generation.router.live_per_engine == [0, 2]
-        third = await submit(generation)
+        client.release(first, cause="client_disconnect")
+        client.release(first, cause="client_disconnect")  # twice: counted once
+        assert client.router.live_per_engine == [0, 2]
+        third = await submit(client)
         assert [s.engine_index for s in third.streams] == [0, 0]
         assert engines[0].added == [s.request_id for s in first.streams + third.streams]
 
@@ -141,9 +141,9 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
     async def run() -> tuple[SlowEngine, threading.Thread]:
         engine = SlowEngine()
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics())
+        client = EngineClient([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics())
         fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
-        await generation.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
+        await client.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
         return engine, threading.current_thread()
 
     engine, loop_thread = asyncio.run(asyncio.wait_for(run(), 30))
@@ -160,8 +160,8 @@ def test_a_restarted_engine_ends_the_streams_of_its_old_life_and_keeps_the_new_o
 
     async def run() -> None:
         engine = SlowEngine(incarnation=1)
-        generation = new_generation(engine)
-        old = await submit(generation)
+        client = new_client(engine)
+        old = await submit(client)
         engine.incarnation = 2  # Ray restarted the actor; the next poll says so
         try:
             await asyncio.wait_for(old.mailbox.take(), 30)
@@ -169,10 +169,10 @@ def test_a_restarted_engine_ends_the_streams_of_its_old_life_and_keeps_the_new_o
             assert (error.status, error.code) == (503, "engine_failed")
         else:
             raise AssertionError("the old stream did not fail")
-        new = await submit(generation)
+        new = await submit(client)
         assert [s.incarnation for s in new.streams] == [2, 2]
         assert not any(s.finished for s in new.streams)
-        assert generation.router.incarnations == [2]
+        assert client.router.incarnations == [2]
 
     asyncio.run(run())
 
@@ -181,18 +181,18 @@ def test_new_requests_skip_an_engine_whose_poll_fails_until_it_answers_again():
     async def run() -> None:
         engines = [SlowEngine(dead=True), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        generation = Generation(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while 0 not in generation.router.down:
+        while 0 not in client.router.down:
             assert loop.time() < deadline
             await asyncio.sleep(0.05)
         for _ in range(3):  # engine 0 has fewer live choices, but it is down
-            assert [s.engine_index for s in (await submit(generation)).streams] == [1, 1]
+            assert [s.engine_index for s in (await submit(client)).streams] == [1, 1]
         engines[0].dead = False
-        while 0 in generation.router.down:
+        while 0 in client.router.down:
             assert loop.time() < deadline
             await asyncio.sleep(0.05)
-        assert [s.engine_index for s in (await submit(generation)).streams] == [0, 0]
+        assert [s.engine_index for s in (await submit(client)).streams] == [0, 0]
 
     asyncio.run(asyncio.wait_for(run(), 60))
