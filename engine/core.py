@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, PrefixCacheStats
 from engine.config import EngineConfig
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
@@ -63,6 +63,14 @@ class EngineCore:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.finished_generated_counts: OrderedDict[str, int] = OrderedDict()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.scheduler.blocks.stats
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
 
     @property
     def num_running(self) -> int:
