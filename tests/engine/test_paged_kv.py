@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from engine.block_pool import hash_block
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.kv_cache import bytes_per_block
@@ -111,15 +114,30 @@ def test_a_whole_cached_prompt_still_computes_its_last_token(tiny_checkpoint):
     assert computed[0] == BLOCK_SIZE + GREEDY.max_tokens - 1
 
 
-def test_a_different_first_block_shares_nothing(tiny_checkpoint):
-    # Same second block, different first block: the hash chain must not alias them.
-    tail = list(range(700, 700 + BLOCK_SIZE + 4))
+def test_a_block_of_the_same_tokens_after_another_block_is_not_reused(tiny_checkpoint):
+    # "a" caches block T after block P; "b" starts with T: its keys differ (positions, context), so no hit.
+    block_p, block_t = list(range(800, 800 + BLOCK_SIZE)), list(range(900, 900 + BLOCK_SIZE))
     engine = tiny_engine(tiny_checkpoint)
-    engine.add_request("a", list(range(800, 800 + BLOCK_SIZE)) + tail, GREEDY)
+    engine.add_request("a", block_p + block_t + [5], GREEDY)
     run_until_done(engine)
-    engine.add_request("b", list(range(900, 900 + BLOCK_SIZE)) + tail, GREEDY)
+    engine.add_request("b", block_t + [5], GREEDY)
     run_until_done(engine)
     assert engine.scheduler.blocks.stats.hit_tokens == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=8, max_size=8), st.lists(st.integers(0, 2), min_size=8, max_size=8))
+def test_chain_hashes_are_equal_exactly_for_the_same_block_after_the_same_prefix(first, second):
+    # Blocks of 2 tokens from a 3-token alphabet, so that equal blocks at different places are common.
+    def chain(tokens: list[int]) -> list[bytes]:
+        hashes: list[bytes] = []
+        for start in range(0, len(tokens), 2):
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[start : start + 2]))
+        return hashes
+
+    for i, a in enumerate(chain(first)):
+        for j, b in enumerate(chain(second)):
+            assert (a == b) == (i == j and first[: 2 * i + 2] == second[: 2 * j + 2])
 
 
 def test_cached_blocks_are_evicted_least_recently_used_first(tiny_checkpoint):
