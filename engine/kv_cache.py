@@ -15,16 +15,17 @@ CUDA_MEMORY_FRACTION = 0.8
 
 
 class PagedKVCache:
-    """keys[layer], values[layer]: [num_blocks, num_kv_heads, block_size, head_dim].
+    """keys[layer], values[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
 
     Block ``b`` holds ``block_size`` consecutive positions of whichever sequence's table lists
     it (`engine.block_manager`). Zero-filled: attention reads whole blocks and masks the
-    positions past a sequence's end, which must hold finite values.
+    positions past a sequence's end, which must hold finite values. Position-major blocks
+    (not head-major) make a gathered table a view as [B, L, KVH, D]: one copy per read.
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 

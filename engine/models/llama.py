@@ -50,8 +50,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rope(q, k, meta.positions)
-        key_cache[meta.blocks, :, meta.offsets] = k
-        value_cache[meta.blocks, :, meta.offsets] = v
+        key_cache[meta.blocks, meta.offsets] = k
+        value_cache[meta.blocks, meta.offsets] = v
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
@@ -65,11 +65,12 @@ class Attention(nn.Module):
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """cache: [num_blocks, KVH, block_size, D], block_tables: [B, N] -> [B, KVH, kv_len, D], each
-    sequence's positions in order (kv_len <= N * block_size)."""
-    blocks = cache[block_tables]  # [B, N, KVH, block_size, D]
-    batch, num_blocks, num_kv_heads, block_size, head_dim = blocks.shape
-    return blocks.transpose(1, 2).reshape(batch, num_kv_heads, num_blocks * block_size, head_dim)[:, :, :kv_len]
+    """cache: [num_blocks, block_size, KVH, D], block_tables: [B, N] -> [B, KVH, kv_len, D] (a strided
+    view of one copy), each sequence's positions in order (kv_len <= N * block_size)."""
+    batch, num_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = cache.index_select(0, block_tables.flatten()).view(batch, num_blocks * block_size, num_kv_heads, head_dim)
+    return blocks[:, :kv_len].transpose(1, 2)
 
 
 class MLP(nn.Module):
