@@ -74,6 +74,8 @@ class ModelRunner:
         # only needs their argmax takes it from the lm_head in vocabulary chunks (on CUDA they are cheap).
         self.fuse_argmax = self.device.type == "cpu"
         self.pinned = self.device.type == "cuda"
+        # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
+        self.paged_decode_kernel = self.device.type == "cuda"
         logger.info("model on %s as %s", self.device, self.dtype)
 
     @torch.inference_mode()
@@ -91,7 +93,7 @@ class ModelRunner:
             targets = self._to_device([flat for flat, _ in step.placeholder_inputs])
             sources = self._to_device([order[id(request)] for _, request in step.placeholder_inputs])
             input_ids[targets] = previous.last_token_ids[sources]
-        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device)
+        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         verifies_drafts = any(step.draft_token_ids)
         if not step.sampled:

@@ -16,11 +16,13 @@ class AttentionGroup:
     token_index:  [B, Q] int64 indices into the flat batch; padding points at row T (scratch).
     block_tables: [B, N] int64 KV blocks of each sequence, in position order; padded with block 0.
     mask:         [B, 1, Q, L] bool, True where a query may attend a key position (L <= N * block_size).
+    seq_lens:     [B] int64, positions each sequence attends to after this step's tokens.
     """
 
     token_index: torch.Tensor
     block_tables: torch.Tensor
     mask: torch.Tensor
+    seq_lens: torch.Tensor
 
     @property
     def kv_len(self) -> int:
@@ -29,12 +31,17 @@ class AttentionGroup:
 
 @dataclass
 class AttentionMetadata:
-    """blocks, offsets, positions: [T] int64, the cache block, the offset in it and the position of each flat token."""
+    """blocks, offsets, positions: [T] int64, the cache block, the offset in it and the position of each flat token.
+
+    decode_kernel: decode groups (one query per sequence) run the Triton paged-attention kernel
+    instead of gathering their blocks for SDPA.
+    """
 
     blocks: torch.Tensor
     offsets: torch.Tensor
     positions: torch.Tensor
     groups: list[AttentionGroup]
+    decode_kernel: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class ScheduledChunk:
     num_tokens: int
 
 
-def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> AttentionMetadata:
+def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, device: torch.device, decode_kernel: bool = False) -> AttentionMetadata:
     """Metadata for a flat batch laid out as the chunks, in order, back to back.
 
     Decode chunks (one token), short chunks (verified drafts, prefill tails) and long
@@ -69,7 +76,8 @@ def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, devi
         blocks=blocks.to(device),
         offsets=(positions % block_size).to(device),
         positions=positions.to(device),
-        groups=[AttentionGroup(g.token_index.to(device), g.block_tables.to(device), g.mask.to(device)) for g in groups],
+        groups=[AttentionGroup(g.token_index.to(device), g.block_tables.to(device), g.mask.to(device), g.seq_lens.to(device)) for g in groups],
+        decode_kernel=decode_kernel,
     )
 
 
@@ -85,4 +93,5 @@ def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, blo
     mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
     tables = [c.block_ids[:num_blocks] for c in chunks]
     block_tables = torch.tensor([table + (0,) * (num_blocks - len(table)) for table in tables], dtype=torch.int64)
-    return AttentionGroup(token_index=token_index, block_tables=block_tables, mask=mask.unsqueeze(1))
+    seq_lens = torch.tensor([c.position + c.num_tokens for c in chunks], dtype=torch.int64)
+    return AttentionGroup(token_index=token_index, block_tables=block_tables, mask=mask.unsqueeze(1), seq_lens=seq_lens)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.attention_metadata import AttentionMetadata
+from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.rope import RotaryEmbedding
 
 ARGMAX_VOCAB_CHUNK = 4096
@@ -56,12 +56,23 @@ class Attention(nn.Module):
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
         for group in meta.groups:
+            if meta.decode_kernel and group.token_index.shape[1] == 1:
+                rows = group.token_index[:, 0]
+                out[rows] = triton_decode_attention(q[rows], key_cache, value_cache, group)
+                continue
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
             keys = gather_blocks(key_cache, group.block_tables, group.kv_len)
             values = gather_blocks(value_cache, group.block_tables, group.kv_len)
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
             out[group.token_index] = attended.transpose(1, 2)
         return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+def triton_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D], by the Triton kernel."""
+    from engine.models.paged_attention_triton import paged_decode_attention  # Triton only where it runs
+
+    return paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
