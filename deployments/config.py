@@ -24,9 +24,16 @@ class ServeArgs(RequestLimits):
     model: str = DEFAULT_MODEL
     served_model_name: str | None = Field(None, description="The name clients use; defaults to `model`.")
     dtype: str | None = None
-    max_num_seqs: int = Field(32, ge=1)
+    max_num_seqs: int = Field(256, ge=1, description="Sequences an engine runs at once; the KV cache's size bounds them too.")
     max_model_len: int = Field(2048, ge=2)
     max_num_batched_tokens: int = Field(512, ge=1)
+    kv_cache_memory: int | None = Field(
+        None,
+        gt=0,
+        description="Bytes of KV cache per engine; default: 10% of the machine's available memory on CPU, 80% of the GPU's free memory, "
+        "at most what max_num_seqs sequences of max_model_len positions need.",
+    )
+    enable_prefix_caching: bool = Field(True, description="Keep the KV blocks of finished prompts for later prompts that start with them.")
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
@@ -98,6 +105,8 @@ class ServeArgs(RequestLimits):
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            kv_cache_memory=self.kv_cache_memory,
+            enable_prefix_caching=self.enable_prefix_caching,
             num_speculative_tokens=self.num_speculative_tokens,
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,

@@ -24,7 +24,11 @@ ENGINE_FAMILIES = (
     ("generated_tokens", "spout_engine_generated_tokens", "Tokens the engine generated.", CounterMetricFamily),
     ("draft_tokens", "spout_engine_draft_tokens", "Draft tokens the engine proposed by prompt lookup.", CounterMetricFamily),
     ("accepted_tokens", "spout_engine_accepted_tokens", "Draft tokens the engine accepted.", CounterMetricFamily),
+    ("prefix_cache_queried_tokens", "spout_engine_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache.", CounterMetricFamily),
+    ("prefix_cache_hit_tokens", "spout_engine_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache.", CounterMetricFamily),
+    ("preemptions", "spout_engine_preemptions", "Requests preempted (to recompute later) when the KV cache ran out.", CounterMetricFamily),
 )
+HIT_RATE_HELP = "Share of prompt tokens found in the prefix cache since the engine started (0 before any lookup)."
 
 
 class LabeledCounter:
@@ -74,6 +78,10 @@ class IngressMetrics:
             for index, stats in enumerate(engine_stats):
                 metric.add_metric([str(index)], stats[key])
             families.append(metric)
+        hit_rate = GaugeMetricFamily("spout_engine_prefix_cache_hit_rate", HIT_RATE_HELP, labels=["engine"])
+        for index, stats in enumerate(engine_stats):
+            hit_rate.add_metric([str(index)], stats["prefix_cache_hit_tokens"] / max(stats["prefix_cache_queried_tokens"], 1))
+        families.append(hit_rate)
         families.append(GaugeMetricFamily("spout_live_choices", "Engine requests this replica still routes.", value=replica.live_choices))
         families.append(
             GaugeMetricFamily("spout_detok_inline_share", "Share of detokenizer batches done inline in the ingress.", value=replica.detok_inline_share)

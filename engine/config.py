@@ -33,9 +33,13 @@ class ModelConfig:
 class EngineConfig:
     """How `EngineCore` runs a model.
 
-    ``max_num_seqs`` slots each hold up to ``max_model_len`` positions of KV cache;
-    a step schedules at most ``max_num_batched_tokens`` tokens (decodes first, then
-    prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
+    At most ``max_num_seqs`` sequences run at once, each up to ``max_model_len`` positions;
+    their keys and values live in blocks of ``block_size`` positions from one pool of
+    ``kv_cache_memory`` bytes (None: a share of free memory, see `engine.kv_cache`, but no
+    more than ``max_num_seqs`` full-length sequences need), so the tokens that fit in the
+    pool bound concurrency. Full blocks are kept for reuse by later prompts that start with
+    the same tokens unless ``enable_prefix_caching`` is off. A step schedules at most
+    ``max_num_batched_tokens`` tokens (decodes first, then prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
     ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
     N's sampled ids reach the host (see `EngineCore.step`).
 
@@ -49,9 +53,12 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str | None = None
     device: str | None = None
-    max_num_seqs: int = 32
+    max_num_seqs: int = 256
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
+    kv_cache_memory: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
     seed: int = 0
     async_scheduling: bool | None = None
     num_speculative_tokens: int = 0
@@ -62,6 +69,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.grammar_cache_size < 1:
             raise ValueError(f"grammar_cache_size must be at least 1, got {self.grammar_cache_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_NGRAM_SIZE:

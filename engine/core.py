@@ -7,6 +7,7 @@ from collections import OrderedDict
 
 import torch
 
+from engine.block_manager import BlockManager, PrefixCacheStats
 from engine.config import EngineConfig
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
@@ -32,11 +33,12 @@ class InvalidRequestError(ValueError):
 
 
 class EngineCore:
-    """Continuous batching over ``max_num_seqs`` slots.
+    """Continuous batching of up to ``max_num_seqs`` sequences over a paged KV cache.
 
     ``step()`` runs one flat batch and returns an `EngineOutput` for every request
     that produced tokens or finished (abort included) since the last step. A
-    finished or aborted request's slot is free before the next step is scheduled.
+    finished or aborted request's slot and blocks are free before the next step is
+    scheduled. The context (``max_model_len``) is at most what the block pool holds.
 
     Work done for one request at a time (admission to the sampling batch, drafting,
     appending tokens, stop checks) that raises fails that request alone: it finishes
@@ -51,9 +53,11 @@ class EngineCore:
         checkpoint = checkpoint or load_checkpoint(self.config.model)
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
-        self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings)
         self.runner = ModelRunner(checkpoint, self.config, self.tokenizer.eos_token_ids)
-        self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len)
+        num_blocks = self.runner.kv_cache.num_blocks
+        self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings, num_blocks * self.config.block_size)
+        blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len, blocks)
         self.constrained = ConstrainedRequests(self.tokenizer, checkpoint.config.vocab_size, self.config.grammar_cache_size)
         async_scheduling = self.config.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if async_scheduling is None else async_scheduling
@@ -64,6 +68,14 @@ class EngineCore:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.finished_generated_counts: OrderedDict[str, int] = OrderedDict()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.scheduler.blocks.stats
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
 
     @property
     def num_running(self) -> int:
@@ -149,6 +161,12 @@ class EngineCore:
         negative_prompt = self._negative_prompt(request.strings)
         if len(negative_prompt) >= self.max_model_len:
             raise InvalidRequestError(f"the negative prompt has {len(negative_prompt)} tokens; the context holds {self.max_model_len}")
+        blocks = self.scheduler.blocks
+        if blocks.blocks_for(len(request.prompt_token_ids) + 1) + blocks.blocks_for(len(negative_prompt) + 1) > blocks.num_blocks:
+            raise InvalidRequestError(
+                f"the prompt and the negative prompt ({len(request.prompt_token_ids)} and {len(negative_prompt)} tokens) "
+                f"do not fit together in the KV cache's {blocks.num_blocks} blocks of {blocks.block_size} positions"
+            )
         companion = Request(f"{request.request_id}#unconditional", negative_prompt, request.params, request.output_token_ids)
         return Guidance(request.params.guidance_scale, companion)
 
@@ -164,7 +182,7 @@ class EngineCore:
         return self.config.num_speculative_tokens if k is None else k
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        """Free the slots of these requests now; unknown or finished ids are ignored."""
+        """Free the slots and blocks of these requests now; unknown or finished ids are ignored."""
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is not None:
@@ -190,6 +208,7 @@ class EngineCore:
             self.in_flight = None
         self._draft()
         step = self.scheduler.schedule(self._admit)
+        self._finish_too_large()
         launched = None
         if step.requests:
             launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step))
@@ -212,6 +231,12 @@ class EngineCore:
             self.scheduler.add(request)
         for request, error in failed:
             self.pending_outputs.append(self._fail(request, error))
+
+    def _finish_too_large(self) -> None:
+        """Requests that grew past what the whole block pool holds end as if at their context length."""
+        for request in self.scheduler.too_large:
+            self.pending_outputs.append(self._finish(request, FinishReason.LENGTH, None, new_token_ids=[]))
+        self.scheduler.too_large.clear()
 
     def _admit(self, request: Request) -> bool:
         """Give the request (just handed its slots) its sampling row; False if that failed it."""
@@ -267,6 +292,7 @@ class EngineCore:
         num_accepted = len(sampled.token_ids) - 1
         for sequence in request.sequences:
             sequence.num_computed_tokens -= len(drafts) - num_accepted  # the rejected drafts' cache entries are dead
+            self.scheduler.blocks.trim(sequence)
         request.num_draft_tokens += len(drafts)
         request.num_accepted_tokens += num_accepted
         self.num_draft_tokens += len(drafts)
@@ -302,10 +328,10 @@ class EngineCore:
         return output
 
     def _finish(self, request: Request, reason: FinishReason, stop_reason: int | None, new_token_ids: list[int]) -> EngineOutput:
-        """Free the request's slot; returns its final output.
+        """Free the request's slot and blocks; returns its final output.
 
-        A launched step may still write this slot's cache and sampling row; a request
-        admitted to the slot later only touches them in later, stream-ordered work.
+        A launched step may still write these blocks and this sampling row; a request
+        given them later only touches them in later, stream-ordered work.
         """
         request.finished = True
         if request.slot is not None:

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.grammar.masks import PendingMasks
-from engine.kv_cache import KVCache
+from engine.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
@@ -68,13 +68,16 @@ class ModelRunner:
         model.load_weights(checkpoint.weights)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rope.to(dtype=torch.float32)
-        self.kv_cache = KVCache(checkpoint.config, config.max_num_seqs, config.max_model_len, self.dtype, self.device)
+        num_blocks = pool_num_blocks(config, checkpoint.config, self.dtype, self.device)
+        self.kv_cache = PagedKVCache(checkpoint.config, num_blocks, config.block_size, self.dtype, self.device)
         self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)
         self.sampler = Sampler()
         # On the CPU the [N, vocab] logits cost more to write and read than to compute: a batch that
         # only needs their argmax takes it from the lm_head in vocabulary chunks (on CUDA they are cheap).
         self.fuse_argmax = self.device.type == "cpu"
         self.pinned = self.device.type == "cuda"
+        # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
+        self.paged_decode_kernel = self.device.type == "cuda"
         logger.info("model on %s as %s", self.device, self.dtype)
 
     @torch.inference_mode()
@@ -95,7 +98,7 @@ class ModelRunner:
             targets = self._to_device([flat for flat, _ in step.placeholder_inputs])
             sources = self._to_device([order[id(request)] for _, request in step.placeholder_inputs])
             input_ids[targets] = previous.last_token_ids[sources]
-        meta = build_attention_metadata(step.chunks, self.device)
+        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         verifies_drafts = any(step.draft_token_ids)
         if not step.sampled:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
+from engine.block_manager import SequenceBlocks
 from engine.ngram_drafter import NgramIndex
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
@@ -34,6 +35,8 @@ class Request:
     strings: TokenizedStrings = field(default_factory=TokenizedStrings)
     """The request's bad words, DRY breakers and negative prompt as ids, tokenized by the caller."""
     slot: int | None = None
+    """The request's sampling row, held from admission to finish (through preemption too)."""
+    kv: SequenceBlocks = field(default_factory=SequenceBlocks)
     num_computed_tokens: int = 0
     """Tokens whose keys and values are in the cache (or being written by a launched step)."""
     num_placeholders: int = 0
@@ -67,7 +70,7 @@ class Request:
 
     @property
     def context_len(self) -> int:
-        """Cache positions that the host-known tokens need, in this request's slot or its companion's."""
+        """Cache positions that the host-known tokens need, in this request's sequence or its companion's."""
         longest_prompt = len(self.prompt_token_ids)
         if self.guidance is not None:
             longest_prompt = max(longest_prompt, len(self.guidance.companion.prompt_token_ids))
@@ -75,7 +78,7 @@ class Request:
 
     @property
     def sequences(self) -> list[Request]:
-        """The request, then its guidance companion if it has one: the sequences that hold a slot for it."""
+        """The request, then its guidance companion if it has one: the sequences that hold a slot and blocks for it."""
         return [self] if self.guidance is None else [self, self.guidance.companion]
 
     def room_to_grow(self, max_model_len: int) -> int:
@@ -98,7 +101,7 @@ class Guidance:
     """Classifier-free guidance: the sampler gets ``l_u + scale * (l_c - l_u)``.
 
     companion: the unconditional sequence, negative prompt then the parent's outputs (the
-    same list object); it has its own slot and is scheduled in the parent's steps.
+    same list object); it has its own slot and block table and is scheduled in the parent's steps.
     """
 
     scale: float

@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.block_manager import BlockManager
 from engine.models.attention_metadata import ScheduledChunk
 from engine.request import Request
 
@@ -41,60 +42,97 @@ class ScheduledStep:
 
 
 class Scheduler:
-    """FIFO admission into ``max_num_seqs`` slots under a per-step token budget.
+    """FIFO admission under a per-step token budget, ``max_num_seqs`` sampling rows and a pool of KV blocks.
 
     Decodes are scheduled first (one token each, plus their drafts), then prefill chunks
-    of running requests, then waiting requests as slots free, their prompts chunked to
-    fit. A request with guidance holds two slots, and its companion completes its
-    sequence in the same step as the request, never in another.
+    of running requests, then waiting requests as rows and blocks allow, their prompts
+    chunked to fit; a new request first takes the cached blocks its prompt starts with. A
+    request with guidance holds two rows and two block tables, and its companion completes
+    its sequence in the same step as the request, never in another.
+
+    Blocks are reserved for the positions a step computes. When the pool runs short, the
+    youngest running request not yet in the step (younger than the one that needs blocks)
+    is preempted: its blocks are released and it goes back to the head of the queue,
+    keeping its sampling row, to recompute its prompt and output so far. With none left,
+    the request that needs blocks is preempted itself, or, when it needs more blocks than
+    the whole pool holds, listed in ``too_large`` for the engine to finish.
     """
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> None:
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, blocks: BlockManager) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.blocks = blocks
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.too_large: list[Request] = []
+        self.num_preemptions = 0
+        self._preempted_this_step: set[int] = set()
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
     def remove(self, request: Request) -> None:
-        """Take a finished or aborted request out; its slots are free for the next step."""
-        if request.slot is None:
+        """Take a finished or aborted request out; its rows and blocks are free for the next step."""
+        if request in self.running:
+            self.running.remove(request)
+        else:
             self.waiting.remove(request)
-            return
-        self.running.remove(request)
         for holder in request.sequences:
-            assert holder.slot is not None
-            self.free_slots.append(holder.slot)
-            holder.slot = None
+            self.blocks.release(holder)
+            if holder.slot is not None:
+                self.free_slots.append(holder.slot)
+                holder.slot = None
 
     def schedule(self, admit: Callable[[Request], bool]) -> ScheduledStep:
         """The next step. ``admit`` is called for each request given its slots; when it returns
         False the request was failed (and removed) and is not scheduled."""
         step = ScheduledStep()
         budget = self.max_num_batched_tokens
+        self._preempted_this_step.clear()
         # A request whose in-flight tokens already reach its limit waits for them to land.
         decoding = [r for r in self.running if _num_remaining(r) == 1 and r.room_to_grow(self.max_model_len) > 0]
         prefilling = [r for r in self.running if _num_remaining(r) > 1]
         for request in decoding + prefilling:
             if budget == 0:
                 return step
-            budget -= self._schedule_request(step, request, budget)
-        while self.waiting and len(self.free_slots) >= len(self.waiting[0].sequences) and budget > 0:
-            request = self.waiting.popleft()
-            for holder in request.sequences:
-                holder.slot = self.free_slots.pop()
-            self.running.append(request)
-            if not admit(request):
-                continue
-            budget -= self._schedule_request(step, request, budget)
+            if id(request) not in self._preempted_this_step:
+                budget -= self._schedule_request(step, request, budget, may_preempt=True) or 0
+        self._schedule_waiting(step, admit, budget)
         return step
 
-    @staticmethod
-    def _schedule_request(step: ScheduledStep, request: Request, budget: int) -> int:
-        """Schedule the request (and its companion) within ``budget``; return the tokens used.
+    def _schedule_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int) -> None:
+        """Admit queued requests in order (preempted ones first) while rows, blocks and budget last."""
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            if request.num_placeholders:  # preempted while its last token was in flight; it lands next step
+                return
+            is_new = request.slot is None
+            if is_new and len(self.free_slots) < len(request.sequences):
+                return
+            if sum(self.blocks.blocks_for(holder.num_tokens + 1) for holder in request.sequences) > self.blocks.num_blocks:
+                self.too_large.append(request)  # the engine finishes it, taking it out of the queue
+                return
+            self.waiting.popleft()
+            num_hit = sum(self.blocks.match_prefix(holder) for holder in request.sequences)
+            self.running.append(request)
+            if is_new:
+                for holder in request.sequences:
+                    holder.slot = self.free_slots.pop()
+                if not admit(request):
+                    continue
+            used = self._schedule_request(step, request, budget, may_preempt=False)
+            if used is None:  # the pool is short: wait for blocks, keeping the sampling rows
+                self.running.pop()
+                self._requeue(request)
+                return
+            self.blocks.stats.queried_tokens += sum(holder.num_tokens for holder in request.sequences)
+            self.blocks.stats.hit_tokens += num_hit
+            budget -= used
+
+    def _schedule_request(self, step: ScheduledStep, request: Request, budget: int, may_preempt: bool) -> int | None:
+        """Schedule the request (and its companion) within ``budget``; return the tokens used, or
+        None when the pool could not hold them (the request is then preempted, or requeued by the caller).
 
         Drafts are cut to fit. If the sequences cannot complete, both get prefill chunks
         that stop short of their last token, so that they complete together later.
@@ -103,14 +141,21 @@ class Scheduler:
         remaining = sum(_num_remaining(holder) for holder in holders)
         num_drafts = min(len(request.draft_token_ids), max(budget - remaining, 0) // len(holders))
         del request.draft_token_ids[num_drafts:]
-        if remaining > budget:
-            used = 0
-            for holder in holders:
-                num_tokens = min(_num_remaining(holder) - 1, budget - used)
-                _schedule_chunk(step, holder, num_tokens, [], request)
-                used += max(num_tokens, 0)
-            return used
-        rows = [_schedule_chunk(step, holder, _num_remaining(holder), request.draft_token_ids, request) for holder in holders]
+        completes = remaining <= budget
+        plan: list[tuple[Request, int, list[int]]] = []
+        for holder in holders:
+            if completes:
+                plan.append((holder, _num_remaining(holder), request.draft_token_ids))
+            else:
+                plan.append((holder, min(_num_remaining(holder) - 1, budget - sum(max(n, 0) for _, n, _ in plan)), []))
+        if not self._reserve(step, request, plan, may_preempt):
+            return None
+        rows = []
+        for holder, num_tokens, drafts in plan:
+            rows.append(_schedule_chunk(step, holder, num_tokens, drafts, request))
+            self.blocks.register_full_blocks(holder, min(holder.num_computed_tokens + max(num_tokens, 0), holder.num_tokens))
+        if not completes:
+            return sum(max(num_tokens, 0) for _, num_tokens, _ in plan)
         step.sampled.append(request)
         step.draft_token_ids.append(list(request.draft_token_ids))
         first_row = len(step.logits_indices)
@@ -120,6 +165,46 @@ class Scheduler:
             step.companion_logits_indices.extend(rows[1])
             step.guidance_scales.extend([request.guidance.scale] * len(rows[1]))
         return remaining + num_drafts * len(holders)
+
+    def _reserve(self, step: ScheduledStep, request: Request, plan: list[tuple[Request, int, list[int]]], may_preempt: bool) -> bool:
+        """Blocks for the planned chunks, preempting younger requests if allowed; False if they could not be had."""
+        while not all(self.blocks.reserve(h, h.num_computed_tokens + n + len(d)) for h, n, d in plan if n > 0):
+            if not may_preempt:
+                return False
+            victim = self._youngest_unscheduled(step, request)
+            if victim is not None:
+                self._preempt(victim)
+                continue
+            needed = sum(self.blocks.blocks_for(h.num_computed_tokens + n + len(d)) for h, n, d in plan)
+            if needed > self.blocks.num_blocks:
+                self.too_large.append(request)
+            else:
+                self._preempt(request)
+            return False
+        return True
+
+    def _youngest_unscheduled(self, step: ScheduledStep, request: Request) -> Request | None:
+        """The youngest running request younger than ``request`` with nothing in the step yet."""
+        scheduled = {id(sequence) for sequence in step.requests}
+        for candidate in reversed(self.running):
+            if candidate is request:
+                return None
+            if id(candidate) not in scheduled:
+                return candidate
+        return None
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._requeue(request)
+        self.num_preemptions += 1
+        self._preempted_this_step.add(id(request))
+
+    def _requeue(self, request: Request) -> None:
+        """Release the request's blocks and put it at the head of the queue (its rows kept), to recompute."""
+        for holder in request.sequences:
+            self.blocks.release(holder)
+        request.draft_token_ids = []
+        self.waiting.appendleft(request)
 
 
 def _num_remaining(request: Request) -> int:
@@ -138,7 +223,7 @@ def _schedule_chunk(step: ScheduledStep, sequence: Request, num_tokens: int, dra
     start = sequence.num_computed_tokens
     assert sequence.slot is not None
     step.requests.append(sequence)
-    step.chunks.append(ScheduledChunk(slot=sequence.slot, position=start, num_tokens=num_tokens + len(drafts)))
+    step.chunks.append(ScheduledChunk(block_ids=tuple(sequence.kv.block_ids), position=start, num_tokens=num_tokens + len(drafts)))
     if start == sequence.num_tokens:  # a decode whose input is still on the device
         assert num_tokens == 1 and not drafts
         step.placeholder_inputs.append((len(step.input_ids), owner))

@@ -1,4 +1,4 @@
-"""Where each token of a flat step batch reads and writes the KV cache."""
+"""Where each token of a flat step batch reads and writes the paged KV cache."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ SHORT_CHUNK_TOKENS = 32
 class AttentionGroup:
     """Sequences attended together in one padded SDPA call.
 
-    token_index: [B, Q] int64 indices into the flat batch; padding points at row T (scratch).
-    slots:       [B] int64 KV cache slot of each sequence.
-    mask:        [B, 1, Q, L] bool, True where a query may attend a key position.
+    token_index:  [B, Q] int64 indices into the flat batch; padding points at row T (scratch).
+    block_tables: [B, N] int64 KV blocks of each sequence, in position order; padded with block 0.
+    mask:         [B, 1, Q, L] bool, True where a query may attend a key position (L <= N * block_size).
+    seq_lens:     [B] int64, positions each sequence attends to after this step's tokens.
     """
 
     token_index: torch.Tensor
-    slots: torch.Tensor
+    block_tables: torch.Tensor
     mask: torch.Tensor
+    seq_lens: torch.Tensor
 
     @property
     def kv_len(self) -> int:
@@ -29,52 +31,67 @@ class AttentionGroup:
 
 @dataclass
 class AttentionMetadata:
-    """slots, positions: [T] int64, the cache slot and position of each flat token."""
+    """blocks, offsets, positions: [T] int64, the cache block, the offset in it and the position of each flat token.
 
-    slots: torch.Tensor
+    decode_kernel: decode groups (one query per sequence) run the Triton paged-attention kernel
+    instead of gathering their blocks for SDPA.
+    """
+
+    blocks: torch.Tensor
+    offsets: torch.Tensor
     positions: torch.Tensor
     groups: list[AttentionGroup]
+    decode_kernel: bool = False
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """``num_tokens`` consecutive tokens of one sequence, starting at cache ``position``."""
+    """``num_tokens`` consecutive tokens of one sequence, starting at cache ``position``.
 
-    slot: int
+    block_ids: the sequence's block table, covering at least ``position + num_tokens`` positions.
+    """
+
+    block_ids: tuple[int, ...]
     position: int
     num_tokens: int
 
 
-def build_attention_metadata(chunks: list[ScheduledChunk], device: torch.device) -> AttentionMetadata:
+def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, device: torch.device, decode_kernel: bool = False) -> AttentionMetadata:
     """Metadata for a flat batch laid out as the chunks, in order, back to back.
 
     Decode chunks (one token), short chunks (verified drafts, prefill tails) and long
     prefill chunks form separate groups, so a long chunk does not pad every short query
     to its length.
     """
-    slots = torch.cat([torch.full((c.num_tokens,), c.slot, dtype=torch.int64) for c in chunks])
     positions = torch.cat([torch.arange(c.position, c.position + c.num_tokens) for c in chunks])
+    blocks = torch.tensor([c.block_ids[p // block_size] for c in chunks for p in range(c.position, c.position + c.num_tokens)], dtype=torch.int64)
     starts = [0]
     for chunk in chunks:
         starts.append(starts[-1] + chunk.num_tokens)
     num_tokens = starts[-1]
     size_classes = [0 if c.num_tokens == 1 else 1 if c.num_tokens <= SHORT_CHUNK_TOKENS else 2 for c in chunks]
     members_by_class = [[i for i, size in enumerate(size_classes) if size == wanted] for wanted in range(3)]
-    groups = [_group([chunks[i] for i in members], [starts[i] for i in members], num_tokens) for members in members_by_class if members]
+    groups = [_group([chunks[i] for i in members], [starts[i] for i in members], num_tokens, block_size) for members in members_by_class if members]
     return AttentionMetadata(
-        slots=slots.to(device),
+        blocks=blocks.to(device),
+        offsets=(positions % block_size).to(device),
         positions=positions.to(device),
-        groups=[AttentionGroup(g.token_index.to(device), g.slots.to(device), g.mask.to(device)) for g in groups],
+        groups=[AttentionGroup(g.token_index.to(device), g.block_tables.to(device), g.mask.to(device), g.seq_lens.to(device)) for g in groups],
+        decode_kernel=decode_kernel,
     )
 
 
-def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int) -> AttentionGroup:
+def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int) -> AttentionGroup:
     max_q = max(c.num_tokens for c in chunks)
     kv_len = max(c.position + c.num_tokens for c in chunks)
+    num_blocks = -(-kv_len // block_size)
     offsets = torch.arange(max_q)
     counts = torch.tensor([c.num_tokens for c in chunks])
     valid = offsets[None, :] < counts[:, None]
     token_index = torch.where(valid, torch.tensor(starts)[:, None] + offsets[None, :], num_tokens)
     query_pos = torch.where(valid, torch.tensor([c.position for c in chunks])[:, None] + offsets[None, :], 0)
     mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
-    return AttentionGroup(token_index=token_index, slots=torch.tensor([c.slot for c in chunks]), mask=mask.unsqueeze(1))
+    tables = [c.block_ids[:num_blocks] for c in chunks]
+    block_tables = torch.tensor([table + (0,) * (num_blocks - len(table)) for table in tables], dtype=torch.int64)
+    seq_lens = torch.tensor([c.position + c.num_tokens for c in chunks], dtype=torch.int64)
+    return AttentionGroup(token_index=token_index, block_tables=block_tables, mask=mask.unsqueeze(1), seq_lens=seq_lens)

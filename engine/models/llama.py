@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.attention_metadata import AttentionMetadata
+from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.rope import RotaryEmbedding
 
 ARGMAX_VOCAB_CHUNK = 4096
@@ -50,18 +50,38 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rope(q, k, meta.positions)
-        key_cache[meta.slots, :, meta.positions] = k
-        value_cache[meta.slots, :, meta.positions] = v
+        key_cache[meta.blocks, meta.offsets] = k
+        value_cache[meta.blocks, meta.offsets] = v
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
         for group in meta.groups:
+            if meta.decode_kernel and group.token_index.shape[1] == 1:
+                rows = group.token_index[:, 0]
+                out[rows] = triton_decode_attention(q[rows], key_cache, value_cache, group)
+                continue
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
-            keys = key_cache[group.slots, :, : group.kv_len]  # [B, KVH, L, D]
-            values = value_cache[group.slots, :, : group.kv_len]
+            keys = gather_blocks(key_cache, group.block_tables, group.kv_len)
+            values = gather_blocks(value_cache, group.block_tables, group.kv_len)
             attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
             out[group.token_index] = attended.transpose(1, 2)
         return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+def triton_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D], by the Triton kernel."""
+    from engine.models.paged_attention_triton import paged_decode_attention  # Triton only where it runs
+
+    return paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """cache: [num_blocks, block_size, KVH, D], block_tables: [B, N] -> [B, KVH, kv_len, D] (a strided
+    view of one copy), each sequence's positions in order (kv_len <= N * block_size)."""
+    batch, num_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = cache.index_select(0, block_tables.flatten()).view(batch, num_blocks * block_size, num_kv_heads, head_dim)
+    return blocks[:, :kv_len].transpose(1, 2)
 
 
 class MLP(nn.Module):

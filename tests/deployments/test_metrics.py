@@ -8,9 +8,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import ENGINE_FAMILIES, IngressMetrics, ReplicaState
 
+PREFIX_CACHE = {"prefix_cache_queried_tokens": 400, "prefix_cache_hit_tokens": 100, "preemptions": 2}
+NO_LOOKUPS = {"prefix_cache_queried_tokens": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0}
 ENGINE_STATS = [
-    {"running": 3, "waiting": 1, "generated_tokens": 120, "draft_tokens": 10, "accepted_tokens": 7, "steps": 40},
-    {"running": 0, "waiting": 0, "generated_tokens": 5, "draft_tokens": 0, "accepted_tokens": 0, "steps": 5},
+    {"running": 3, "waiting": 1, "generated_tokens": 120, "draft_tokens": 10, "accepted_tokens": 7, "steps": 40} | PREFIX_CACHE,
+    {"running": 0, "waiting": 0, "generated_tokens": 5, "draft_tokens": 0, "accepted_tokens": 0, "steps": 5} | NO_LOOKUPS,
 ]
 
 
@@ -35,6 +37,8 @@ def test_every_family_once_with_a_sample_per_engine():
         samples = {s.labels["engine"]: s.value for s in families[name].samples if not s.name.endswith("_created")}
         assert samples == {"0": ENGINE_STATS[0][key], "1": ENGINE_STATS[1][key]}
     assert families["spout_engine_generated_tokens"].type == "counter" and families["spout_running_requests"].type == "gauge"
+    hit_rate = {s.labels["engine"]: s.value for s in families["spout_engine_prefix_cache_hit_rate"].samples}
+    assert hit_rate == {"0": 0.25, "1": 0.0}
 
 
 def test_replica_metrics():

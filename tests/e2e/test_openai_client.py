@@ -116,5 +116,6 @@ def test_models_health_metrics(server):
     with server.http() as http:
         assert http.get("/health").status_code == 200
         metrics = http.get("/metrics").text
-    for name in ("spout_requests_total", "spout_time_to_first_token_seconds_bucket", "spout_running_requests", "spout_detok_inline_share"):
+    names = ("spout_requests_total", "spout_time_to_first_token_seconds_bucket", "spout_running_requests", "spout_detok_inline_share")
+    for name in (*names, "spout_engine_prefix_cache_hit_rate", "spout_engine_preemptions_total"):
         assert name in metrics

@@ -140,7 +140,9 @@ def test_logits_match_transformers_on_the_same_weights(tiny_gguf):
     engine = EngineCore(EngineConfig(model=str(path), max_num_seqs=1, max_model_len=128))
     ids = list(range(1000, 1040))
     runner = engine.runner
-    meta = build_attention_metadata([ScheduledChunk(slot=0, position=0, num_tokens=len(ids))], runner.device)
+    meta = build_attention_metadata(
+        [ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))], runner.kv_cache.block_size, runner.device
+    )
     ours = runner.model.compute_logits(runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values))
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]

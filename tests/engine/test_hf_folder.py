@@ -70,7 +70,9 @@ def test_hf_folder_logits_match_transformers(tmp_path, tiny_checkpoint, name):
     engine = EngineCore(EngineConfig(model=str(folder), max_num_seqs=2, max_model_len=1024), checkpoint)
     ids = list(range(100, 400))  # past the yarn/llama3 original context, so scaling matters
     runner = engine.runner
-    meta = build_attention_metadata([ScheduledChunk(slot=1, position=0, num_tokens=len(ids))], runner.device)
+    meta = build_attention_metadata(
+        [ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))], runner.kv_cache.block_size, runner.device
+    )
     hidden = runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values)
     ours = runner.model.compute_logits(hidden)
     with torch.no_grad():

@@ -40,7 +40,9 @@ def engine(smollm_checkpoint) -> EngineCore:
 
 def our_last_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     runner = engine.runner
-    meta = build_attention_metadata([ScheduledChunk(slot=0, position=0, num_tokens=len(ids))], runner.device)
+    meta = build_attention_metadata(
+        [ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))], runner.kv_cache.block_size, runner.device
+    )
     hidden = runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values)
     return runner.model.compute_logits(hidden[-1:])[0]
 

@@ -67,9 +67,11 @@ def test_kv_entries_of_rejected_drafts_are_never_read(smollm_checkpoint, repeat_
     while engine.has_unfinished_requests():
         for output in engine.step():
             generated += output.new_token_ids
+        block_size = engine.runner.kv_cache.block_size
         for request in engine.scheduler.running:
-            for cache in engine.runner.kv_cache.keys + engine.runner.kv_cache.values:
-                cache[request.slot, :, request.num_computed_tokens :] = float("nan")
+            for position in range(request.num_computed_tokens, len(request.kv.block_ids) * block_size):
+                for cache in engine.runner.kv_cache.keys + engine.runner.kv_cache.values:
+                    cache[request.kv.block_ids[position // block_size], position % block_size] = float("nan")
     assert generated == plain_repeat
     assert engine.num_draft_tokens > engine.num_accepted_tokens > 0
 

@@ -1,0 +1,108 @@
+"""Each sequence's KV block table, grown as its tokens are scheduled, and its use of the prefix cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.block_pool import BlockHash, BlockPool, PoolExhaustedError, hash_block
+
+if TYPE_CHECKING:
+    from engine.request import Request
+
+
+@dataclass
+class SequenceBlocks:
+    """One sequence's blocks: ``block_ids[i]`` holds its positions ``[i * block_size, (i + 1) * block_size)``."""
+
+    block_ids: list[int] = field(default_factory=list)
+    hashes: list[BlockHash] = field(default_factory=list)
+    """Hash chain of the sequence's leading full blocks of known tokens (kept across preemption)."""
+    num_registered: int = 0
+    """Leading blocks of ``block_ids`` that are in the prefix cache."""
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up in the prefix cache when requests were admitted, and those found."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+
+class BlockManager:
+    """Hands blocks of a `BlockPool` to sequences (`Request.kv`) and finds their cached prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def blocks_for(self, num_positions: int) -> int:
+        """Blocks that hold ``num_positions`` positions."""
+        return -(-num_positions // self.block_size)
+
+    def match_prefix(self, sequence: Request) -> int:
+        """Give a sequence without blocks the cached blocks its known tokens start with, as computed
+        tokens; return how many. The last known token is always left to compute (its logits are needed)."""
+        assert not sequence.kv.block_ids and sequence.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        for block_hash in self._hashes(sequence, (sequence.num_tokens - 1) // self.block_size):
+            block = self.pool.take_cached(block_hash)
+            if block is None:
+                break
+            sequence.kv.block_ids.append(block)
+        sequence.kv.num_registered = len(sequence.kv.block_ids)
+        sequence.num_computed_tokens = len(sequence.kv.block_ids) * self.block_size
+        return sequence.num_computed_tokens
+
+    def reserve(self, sequence: Request, num_positions: int) -> bool:
+        """Make the sequence's table cover ``num_positions``; False (nothing taken) if the pool is short."""
+        missing = self.blocks_for(num_positions) - len(sequence.kv.block_ids)
+        if missing <= 0:
+            return True
+        try:
+            sequence.kv.block_ids += self.pool.allocate(missing)
+        except PoolExhaustedError:
+            return False
+        return True
+
+    def register_full_blocks(self, sequence: Request, num_positions: int) -> None:
+        """Cache the sequence's full blocks within its first ``num_positions`` (computed, known tokens)."""
+        if not self.enable_prefix_caching:
+            return
+        kv = sequence.kv
+        num_full = num_positions // self.block_size
+        hashes = self._hashes(sequence, num_full)
+        for index in range(kv.num_registered, num_full):
+            self.pool.register(kv.block_ids[index], hashes[index])
+        kv.num_registered = max(kv.num_registered, num_full)
+
+    def _hashes(self, sequence: Request, count: int) -> list[BlockHash]:
+        """The hash chain of the sequence's first ``count`` blocks, extending the memoized one."""
+        hashes = sequence.kv.hashes
+        size = self.block_size
+        while len(hashes) < count:
+            start = len(hashes) * size
+            hashes.append(hash_block(hashes[-1] if hashes else None, sequence.token_ids(start, start + size)))
+        return hashes[:count]
+
+    def trim(self, sequence: Request) -> None:
+        """Release blocks past the sequence's computed tokens (after rejected drafts)."""
+        keep = self.blocks_for(sequence.num_computed_tokens)
+        assert keep >= sequence.kv.num_registered
+        self.pool.release(reversed(sequence.kv.block_ids[keep:]))
+        del sequence.kv.block_ids[keep:]
+
+    def release(self, sequence: Request) -> None:
+        """Release all the sequence's blocks, last first (so its cached tail is evicted before its head)."""
+        self.pool.release(reversed(sequence.kv.block_ids))
+        sequence.kv.block_ids = []
+        sequence.kv.num_registered = 0
+        sequence.num_computed_tokens = 0
