@@ -17,7 +17,7 @@ from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done
 from tests.engine.mixed_workload import run_mixed
 
-# `mixed_requests` run by `run_mixed` with the contiguous per-slot cache (commit 94424ea, before paging).
+# `mixed_requests` run by `run_mixed` with the contiguous per-slot cache (commit c3e5eb7, before paging, with 64-bit seeds).
 PRE_PAGING_TOKENS = {
     "short": [31107, 41349, 21989, 39476, 3691, 15612, 40378, 40885, 19679, 2652, 35641, 3394, 9526, 15696, 13518, 26213, 23553, 12604, 11173, 47402],
     "shared-a": [47535, 39155, 46496, 31685, 45628, 10425, 3134, 11769, 39640, 44141, 20940, 13768, 44889, 5959, 44884, 27058, 41780, 26753, 44554, 30869],
@@ -25,7 +25,7 @@ PRE_PAGING_TOKENS = {
     "shared-b": [29128, 7288, 14507, 29054, 1642, 17533, 20303, 657, 15514, 4016, 18641, 14007, 37472, 23684, 47986, 20093, 37090, 6838, 44909, 39961],
     "speculative": [1185, 1050, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935, 935],
     "guided": [45585, 30451, 38232, 13069, 22816, 40489, 2021, 6804, 34851, 40210, 26612, 31923, 26143, 33897, 30448, 9601, 2798, 18220, 43025, 22285],
-    "seeded": [37147, 13696, 35305, 28419, 17474, 12505, 39132, 11181, 8320, 25375, 19517, 12190, 12580, 48139, 1246, 10004, 45417, 14747, 43741, 18356],
+    "seeded": [21703, 5659, 38232, 34707, 45914, 48752, 33084, 30685, 39718, 46546, 25150, 8343, 18564, 31065, 21248, 31930, 23910, 34467, 48705, 17346],
 }
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 BLOCK_SIZE = 16
@@ -45,9 +45,9 @@ def count_computed_tokens(engine: EngineCore) -> list[int]:
     counted = [0]
     launch = engine.runner.launch
 
-    def counting_launch(step, previous):
+    def counting_launch(step, previous, masks=None):
         counted[0] += len(step.input_ids)
-        return launch(step, previous)
+        return launch(step, previous, masks)
 
     engine.runner.launch = counting_launch  # type: ignore[method-assign]
     return counted
