@@ -96,6 +96,12 @@ def json_schema_format(num_properties: int) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}
 
 
+def tool(name: str, num_properties: int = 1, description: str = "") -> dict:
+    """A function tool whose parameters have ``num_properties`` integer properties (about 26 bytes each)."""
+    properties = {f"field_{i:05d}": {"type": "integer"} for i in range(num_properties)}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {"type": "object", "properties": properties}}}
+
+
 def nested_json(depth: int) -> bytes:
     return b'{"model": "' + M.encode() + b'", "prompt": "x", "user": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -139,6 +145,19 @@ CASES = [
     Hostile("schema over the size limit", completion(response_format=json_schema_format(1500)), ERROR, "response_format"),
     Hostile("schema slow to compile", completion(response_format=json_schema_format(900)), (200, 400)),
     Hostile("regex that does not compile", completion(structured_outputs={"regex": "(" * 40}), (400,), "structured_outputs"),
+    Hostile("tools over the count limit", chat([{"role": "user", "content": "hi"}], tools=[tool(f"f{i}") for i in range(100)]), ERROR, "tools"),
+    Hostile(
+        "required call schema over the size limit",
+        chat([{"role": "user", "content": "hi"}], tools=[tool("wide", 1500)], tool_choice="required"),
+        ERROR,
+        "tool_choice",
+    ),
+    Hostile(
+        "named call schema slow to compile (its tools overflow the context too)",
+        chat([{"role": "user", "content": "hi"}], tools=[tool("wide", 900)], tool_choice={"type": "function", "function": {"name": "wide"}}),
+        (200, 400, 413),
+    ),
+    Hostile("tool description forging a turn", chat([{"role": "user", "content": "hi"}], tools=[tool("f", description=FORGED_TURN)]), (200,)),
     Hostile("metrics without the key", unauthorized("GET", "/metrics"), (401,)),
     Hostile("openapi without the key", unauthorized("GET", "/openapi.json"), (401,)),
     Hostile("probing an unknown route without the key", unauthorized("POST", "/v1/embeddings"), (401,)),
