@@ -208,11 +208,10 @@ class Ingress:
         params = body.sampling_params()
         check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
         check_messages(self.args, body.client_texts(), len(body.tools or []))
-        await self._check_constraint(params, body.structured_param)
         schema = tool_call_schema(body)
-        if schema is not None:
+        if schema is not None:  # the tool call is then the output's only constraint
             params = constrain_to_json_schema(params, schema)
-            await self._check_constraint(params, "tool_choice")
+        await self._check_constraint(params, "tool_choice" if schema is not None else body.structured_param)
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)
