@@ -19,7 +19,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 def make_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
-    config = EngineConfig(model="tiny-random", **{"max_num_seqs": 4, "max_model_len": 64, **overrides})
+    """Synchronous steps (what these tests pin, step by step) also on CUDA, where async scheduling is the default;
+    `test_async_scheduling_gives_the_same_outputs` checks the async engine against them."""
+    config = EngineConfig(model="tiny-random", **{"max_num_seqs": 4, "max_model_len": 64, "async_scheduling": False, **overrides})
     return EngineCore(config, checkpoint)
 
 

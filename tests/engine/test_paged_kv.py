@@ -36,7 +36,7 @@ def pool_bytes(checkpoint: Checkpoint, num_blocks: int) -> int:
 
 
 def tiny_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
-    config = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 128, "max_num_batched_tokens": 64} | overrides
+    config = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 128, "max_num_batched_tokens": 64, "dtype": "float32"} | overrides
     return EngineCore(EngineConfig(**config), checkpoint)
 
 
