@@ -91,6 +91,7 @@ class ModelRunner:
         Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
         device from ``previous``'s sampled ids, so nothing waits for the previous step.
         """
+        self.kv_cache.copy_blocks(step.block_copies)
         input_ids = self._to_device(step.input_ids)
         if step.placeholder_inputs:
             assert previous is not None and previous.last_token_ids is not None

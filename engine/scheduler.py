@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockCopy, BlockManager
 from engine.models.attention_metadata import ScheduledChunk
 from engine.request import Request
 
@@ -39,6 +39,8 @@ class ScheduledStep:
     companion_logits_indices: list[int] = field(default_factory=list)
     guidance_scales: list[float] = field(default_factory=list)
     placeholder_inputs: list[tuple[int, Request]] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    """Copy-on-write copies of KV blocks to run before the step's forward pass."""
 
 
 class Scheduler:
@@ -95,10 +97,11 @@ class Scheduler:
         prefilling = [r for r in self.running if _num_remaining(r) > 1]
         for request in decoding + prefilling:
             if budget == 0:
-                return step
+                break
             if id(request) not in self._preempted_this_step:
                 budget -= self._schedule_request(step, request, budget, may_preempt=True) or 0
         self._schedule_waiting(step, admit, budget)
+        step.block_copies = self.blocks.take_copies()
         return step
 
     def _schedule_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int) -> None:
