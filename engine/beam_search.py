@@ -5,7 +5,7 @@ continuations with the highest cumulative logprob. Those that end (EOS unless ``
 a stop token id, ``max_tokens`` or the context length) join the finished hypotheses, of which
 the ``width`` best by score are kept; the ``width`` best that go on are the next round's
 beams. A hypothesis's score is ``cumulative_logprob / length ** length_penalty``, its length
-counting the prompt and not a final EOS (vLLM's). ``early_stopping`` decides when the search
+counting the prompt and not an EOS that ended it (vLLM's). ``early_stopping`` decides when the search
 ends once ``width`` hypotheses have finished: True at once; False when the best live beam's
 score is no better than the worst kept hypothesis's; ``"never"`` when no continuation of it can
 be, its length bounded by ``max_tokens`` and the context.
@@ -131,10 +131,11 @@ class BeamSpec:
 
 
 def score(spec: BeamSpec, hypothesis: Hypothesis, length: int | None = None) -> float:
-    """``cumulative_logprob / length ** length_penalty``; length: prompt and output, a final EOS not counted."""
+    """``cumulative_logprob / length ** length_penalty``; length: prompt and output, not counting an EOS that ended it."""
     if length is None:
         tokens = hypothesis.token_ids
-        length = spec.num_prompt_tokens + len(tokens) - (1 if tokens and tokens[-1] in spec.eos_token_ids else 0)
+        ended_by_eos = not spec.ignore_eos and tokens and tokens[-1] in spec.eos_token_ids
+        length = spec.num_prompt_tokens + len(tokens) - (1 if ended_by_eos else 0)
     return hypothesis.cumulative_logprob / max(length, 1) ** spec.length_penalty
 
 

@@ -52,10 +52,11 @@ class Scheduler:
     request with guidance holds two rows and two block tables, and its companion completes
     its sequence in the same step as the request, never in another.
 
-    Blocks are reserved for the positions a step computes. When the pool runs short, the
-    youngest running request not yet in the step (younger than the one that needs blocks)
-    is preempted: its blocks are released and it goes back to the head of the queue,
-    keeping its sampling row, to recompute its prompt and output so far. With none left,
+    Blocks are reserved for the positions a step computes. When the pool runs short, a running
+    sequence with nothing to compute (a beam whose search waits for its other beams) is
+    preempted first, whoever needs the blocks; then the youngest running request not yet in
+    the step (younger than the one that needs blocks) is: its blocks are released and it goes
+    back to the head of the queue, keeping its sampling row, to recompute its prompt and output so far. With none left,
     the request that needs blocks is preempted itself, or, when it needs more blocks than
     the whole pool holds, listed in ``too_large`` for the engine to finish.
     """
@@ -172,9 +173,10 @@ class Scheduler:
     def _reserve(self, step: ScheduledStep, request: Request, plan: list[tuple[Request, int, list[int]]], may_preempt: bool) -> bool:
         """Blocks for the planned chunks, preempting younger requests if allowed; False if they could not be had."""
         while not all(self.blocks.reserve(h, h.num_computed_tokens + n + len(d)) for h, n, d in plan if n > 0):
-            if not may_preempt:
+            victim = self._idle(step)
+            if victim is None and not may_preempt:
                 return False
-            victim = self._youngest_unscheduled(step, request)
+            victim = victim or self._youngest_unscheduled(step, request)
             if victim is not None:
                 self._preempt(victim)
                 continue
@@ -185,6 +187,15 @@ class Scheduler:
                 self._preempt(request)
             return False
         return True
+
+    def _idle(self, step: ScheduledStep) -> Request | None:
+        """The youngest running sequence with nothing to compute (a beam waiting for the other beams
+        of its search): its blocks go first, to anyone, or the search could wait for itself."""
+        scheduled = {id(sequence) for sequence in step.requests}
+        for candidate in reversed(self.running):
+            if _num_remaining(candidate) == 0 and not candidate.num_placeholders and id(candidate) not in scheduled:
+                return candidate
+        return None
 
     def _youngest_unscheduled(self, step: ScheduledStep, request: Request) -> Request | None:
         """The youngest running request younger than ``request`` with nothing in the step yet."""

@@ -16,7 +16,7 @@ import torch
 from engine.beam_search import beam_choice_outputs
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
-from engine.kv_cache import PagedKVCache
+from engine.kv_cache import PagedKVCache, bytes_per_block
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
 from engine.request import EngineOutput, FinishReason
@@ -30,7 +30,7 @@ BLOCK_SIZE = 4
 
 
 def tiny_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
-    config = {"model": "tiny-random", "max_num_seqs": 12, "max_model_len": 64, "block_size": BLOCK_SIZE, "async_scheduling": False} | overrides
+    config = {"model": "tiny-random", "max_num_seqs": 12, "max_model_len": 64, "block_size": BLOCK_SIZE, "dtype": "float32"} | overrides
     return EngineCore(EngineConfig(**config), checkpoint)
 
 
@@ -38,17 +38,17 @@ class Oracle:
     """Next-token logprobs over ``ALLOWED`` after prompt + prefix, one whole forward pass per prefix (memoized)."""
 
     def __init__(self, engine: EngineCore) -> None:
-        self.model = engine.runner.model
-        self.cache = PagedKVCache(engine.model_config, 8, BLOCK_SIZE, torch.float32, torch.device("cpu"))
+        self.model, self.device = engine.runner.model, engine.runner.device
+        self.cache = PagedKVCache(engine.model_config, 8, BLOCK_SIZE, torch.float32, self.device)
         self.memo: dict[tuple[int, ...], dict[int, float]] = {}
 
     def __call__(self, prefix: tuple[int, ...]) -> dict[int, float]:
         if prefix not in self.memo:
             tokens = PROMPT + list(prefix)
             chunk = ScheduledChunk(tuple(range(-(-len(tokens) // BLOCK_SIZE))), 0, len(tokens))
-            meta = build_attention_metadata([chunk], BLOCK_SIZE, torch.device("cpu"))
+            meta = build_attention_metadata([chunk], BLOCK_SIZE, self.device)
             with torch.inference_mode():
-                hidden = self.model(torch.tensor(tokens), meta, self.cache.keys, self.cache.values)
+                hidden = self.model(torch.tensor(tokens, device=self.device), meta, self.cache.keys, self.cache.values)
                 logits = self.model.compute_logits(hidden[-1:])[0].float()
             allowed = torch.log_softmax(logits[ALLOWED], dim=-1).tolist()
             self.memo[prefix] = dict(zip(ALLOWED, allowed))
@@ -121,10 +121,17 @@ def assert_all_free(engine: EngineCore) -> None:
 CASES = [(width, length_penalty, early_stopping) for width in (1, 2, 3) for length_penalty in (0.0, 1.0, 2.5) for early_stopping in (False, True, "never")]
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-prefix-cache"])
-def test_beam_search_equals_the_plain_reference(tiny_checkpoint, prefix_caching):
-    """Every case at once in one engine: searches fork, copy and free side by side."""
-    engine = tiny_engine(tiny_checkpoint, enable_prefix_caching=prefix_caching)
+@pytest.mark.parametrize(
+    ("overrides", "pool_blocks"),
+    [({}, None), ({"enable_prefix_caching": False}, None), ({"async_scheduling": True}, None), ({}, 10)],
+    ids=["prefix-cache", "no-prefix-cache", "async", "preempting"],
+)
+def test_beam_search_equals_the_plain_reference(tiny_checkpoint, overrides, pool_blocks):
+    """Every case at once in one engine: searches fork, copy, free (and, in a pool of 10 blocks, far
+    fewer than they need side by side, are preempted) side by side."""
+    if pool_blocks is not None:
+        overrides = {"kv_cache_memory": bytes_per_block(tiny_checkpoint.config, BLOCK_SIZE, torch.float32) * pool_blocks}
+    engine = tiny_engine(tiny_checkpoint, **overrides)
     oracle = Oracle(engine)
     max_tokens = 4
     for index, case in enumerate(CASES):
@@ -134,6 +141,7 @@ def test_beam_search_equals_the_plain_reference(tiny_checkpoint, prefix_caching)
         want = reference_beam_search(oracle, width, max_tokens, length_penalty, early_stopping)
         assert_same_beams(final_beams(outputs[f"case-{index}"]), want)
     assert_all_free(engine)
+    assert (engine.num_preemptions > 0) == (pool_blocks is not None)
 
 
 def test_a_search_that_prunes_nothing_returns_the_best_of_every_continuation(tiny_checkpoint):
