@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.config import ModelConfig
 from engine.kv_cache import PagedKVCache
+from engine.loader.checkpoint import TINY_RANDOM_CONFIG
 from engine.request import Request
 from sampling.params import SamplingParams
 
@@ -128,20 +128,7 @@ def test_reference_counts_equal_the_tables_that_list_each_block(operations):
 
 
 def test_copy_blocks_copies_keys_and_values_of_every_layer():
-    config = ModelConfig(
-        vocab_size=8,
-        hidden_size=8,
-        intermediate_size=8,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=4,
-        rms_norm_eps=1e-6,
-        rope_theta=10_000.0,
-        max_position_embeddings=16,
-        tie_word_embeddings=True,
-    )
-    cache = PagedKVCache(config, num_blocks=4, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
+    cache = PagedKVCache(TINY_RANDOM_CONFIG, num_blocks=4, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
     for layer in (*cache.keys, *cache.values):
         layer.copy_(torch.randn(layer.shape))
     before = [layer.clone() for layer in (*cache.keys, *cache.values)]
