@@ -133,7 +133,7 @@ class ModelRunner:
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, host[len(values) :])
+        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, beam_host=host[len(values) :])
 
     def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
         """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""
