@@ -23,6 +23,7 @@ from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
+from engine.beam_search import beam_choice_id
 from sampling.params import SamplingParams
 
 
@@ -91,8 +92,8 @@ class EngineClient:
         """Abort a choice the client no longer waits for: at once in its own call, batched per tick
         (the engine learns of it a poll cycle sooner), and with the next poll (which the engine
         waits for, so it lands within the step bound of `deployments.step_credits` whatever the load)."""
-        self.aborters[stream.engine_index].submit(stream.request_id)
-        self.router.abort(stream.engine_index, stream.request_id)
+        self.aborters[stream.engine_index].submit(stream.engine_request_id)
+        self.router.abort(stream.engine_index, stream.engine_request_id)
 
     def _pick_engine(self) -> int:
         """The engine with the fewest live choices among those up (a 503 when none is)."""
@@ -103,20 +104,27 @@ class EngineClient:
         return min(up, key=live.__getitem__)
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
-        """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
+        """Add ``n`` choices per prompt to one engine (with beam search, one search of ``n`` beams per
+        prompt); choice index = prompt index * n + i."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval)
         streams, requests, echo_texts = [], [], []
+        request_of_stream: list[int] = []
         for prompt_index, prompt in enumerate(prompts):
             state = initial_state(self.tokenizer.tokenizer, prompt, params)
             prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
+            search_id = f"{format.request_id}-{prompt_index}" if params.use_beam_search else None
+            if search_id is not None:
+                requests.append(NewRequest(search_id, prompt, params, strings))
             for i in range(params.n):
                 index = prompt_index * params.n + i
-                choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
-                request_id = f"{format.request_id}-{index}"
-                streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state))
-                requests.append(NewRequest(request_id, prompt, choice_params, strings))
+                if search_id is None:
+                    choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
+                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings))
+                request_id = requests[-1].request_id if search_id is None else beam_choice_id(search_id, i)
+                streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state, search_id=search_id))
+                request_of_stream.append(len(requests) - 1)
                 echo_texts.append(prompt_text)
         for stream in streams:
             self.router.register(stream)
@@ -128,8 +136,8 @@ class EngineClient:
         except BaseException:  # the client left mid-submit: leave nothing behind
             self._withdraw(streams)
             raise
-        for stream, (incarnation, _) in zip(streams, replies):
-            stream.incarnation = incarnation
+        for stream, request_index in zip(streams, request_of_stream):
+            stream.incarnation = replies[request_index][0]
         if any(incarnation != self.router.incarnations[engine_index] for incarnation, _ in replies):
             self._withdraw(streams)  # the engine restarted since it took them
             raise APIError(503, ENGINE_FAILED, code="engine_failed")

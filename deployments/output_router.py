@@ -19,6 +19,7 @@ from deployments.openai.errors import APIError
 from deployments.openai.logprobs import logprob_entries, logprob_token_ids
 from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
+from engine.beam_search import beam_choice_outputs
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class OutputRouter:
     async def _route(self, outputs: list[EngineOutput]) -> None:
         live: list[tuple[ChoiceStream, EngineOutput]] = []
         items: list[DetokItem] = []
-        for output in merge_outputs(outputs):
+        for output in merge_outputs(expand_beams(outputs)):
             stream = self.streams.get(output.request_id)
             if stream is None or stream.finished:
                 continue
@@ -147,7 +148,7 @@ class OutputRouter:
             stream.finished = True
             stream.mailbox.fail(APIError(500, f"detokenization failed: {result.error}", code="detokenization_error"))
             if output.finish_reason is None:
-                self.abort(stream.engine_index, stream.request_id)
+                self.abort(stream.engine_index, stream.engine_request_id)
             return
         logprobs = logprob_entries(output.logprobs, result.token_strings) if output.logprobs is not None else None
         stream.num_draft_tokens += output.num_draft_tokens
@@ -159,11 +160,18 @@ class OutputRouter:
             stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep])
             if output.finish_reason is None:
                 self.metrics.aborts.inc("stop_string")
-                self.abort(stream.engine_index, stream.request_id)
+                self.abort(stream.engine_index, stream.engine_request_id)
             return
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
         stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs)
+
+
+def expand_beams(outputs: list[EngineOutput]) -> list[EngineOutput]:
+    """A beam search's final output as one output per beam (its choices' streams are registered under those ids)."""
+    if all(output.beams is None for output in outputs):
+        return outputs
+    return [choice for output in outputs for choice in (beam_choice_outputs(output) if output.beams is not None else [output])]
 
 
 def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:

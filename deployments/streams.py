@@ -73,8 +73,8 @@ class Mailbox:
 
 @dataclass
 class ChoiceStream:
-    """One engine request: choice ``index`` of an HTTP request, routed to ``engine_index``;
-    ``incarnation``: the engine's, once the add has been answered."""
+    """One choice (``index``) of an HTTP request, routed to ``engine_index``: an engine request, or a
+    beam of one (``search_id``); ``incarnation``: the engine's, once the add has been answered."""
 
     request_id: str
     index: int
@@ -85,3 +85,10 @@ class ChoiceStream:
     incarnation: int | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    search_id: str | None = None
+    """The beam search this choice is a beam of, one engine request for all its beams; None: its own request."""
+
+    @property
+    def engine_request_id(self) -> str:
+        """The engine request to abort when the choice is no longer wanted."""
+        return self.search_id or self.request_id

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 
+from engine.beam_groups import beam_rows, candidate_tensors
+from engine.beam_search import Candidates
 from engine.config import EngineConfig
 from engine.grammar.masks import PendingMasks
 from engine.kv_cache import PagedKVCache, pool_num_blocks
@@ -49,6 +51,8 @@ class InFlightStep:
     host: list[torch.Tensor]
     done: torch.cuda.Event | None
     verifies_drafts: bool
+    beam_host: list[torch.Tensor] = field(default_factory=list)
+    """Pinned host copies of the beam rows' candidates (`candidate_tensors`), when the step has any."""
 
 
 @dataclass
@@ -58,6 +62,8 @@ class SampledTokens:
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
+    candidates: Candidates | None = None
+    """A beam-search sequence's next-token candidates (its sampled token is not used)."""
 
 
 class ModelRunner:
@@ -91,6 +97,7 @@ class ModelRunner:
         Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
         device from ``previous``'s sampled ids, so nothing waits for the previous step.
         """
+        self.kv_cache.copy_blocks(step.block_copies)
         input_ids = self._to_device(step.input_ids)
         if step.placeholder_inputs:
             assert previous is not None and previous.last_token_ids is not None
@@ -119,13 +126,22 @@ class ModelRunner:
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
-        host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values]
-        for buffer, value in zip(host, values):
+        beams = self._beam_candidates(step, hidden)
+        host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values + beams]
+        for buffer, value in zip(host, values + beams):
             buffer.copy_(value, non_blocking=self.pinned)
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, last_token_ids, host, done, verifies_drafts)
+        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, beam_host=host[len(values) :])
+
+    def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""
+        rows = beam_rows(step)
+        if not rows:
+            return []
+        logits = self.model.compute_logits(hidden[self._to_device([index for index, _ in rows])])
+        return candidate_tensors(logits, [group for _, group in rows])
 
     def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor, masks: PendingMasks | None) -> SamplerOutput:
         """One token per sampled request: the lm_head's argmax when the batch needs nothing else
@@ -170,10 +186,12 @@ class ModelRunner:
         num_rows = [len(drafts) + 1 for drafts in in_flight.step.draft_token_ids]
         num_emitted = fields.pop(0) if in_flight.verifies_drafts else num_rows
         logprobs = [TokenLogprobs(*entry) for entry in zip(*fields)] if fields else None
+        beams = iter(Candidates(*row) for row in zip(*(buffer.tolist() for buffer in in_flight.beam_host)))
         sampled, first_row = [], 0
-        for rows, emitted in zip(num_rows, num_emitted):
+        for request, rows, emitted in zip(in_flight.step.sampled, num_rows, num_emitted):
             emitted_rows = slice(first_row, first_row + emitted)
-            sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None))
+            candidates = next(beams) if request.beam is not None else None
+            sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None, candidates))
             first_row += rows
         return sampled
 

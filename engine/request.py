@@ -15,6 +15,9 @@ from sampling.tokenized import TokenizedStrings
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
+    from engine.beam_groups import BeamGroup
+    from engine.beam_search import Hypothesis
+
 
 class FinishReason(str, Enum):
     STOP = "stop"
@@ -53,6 +56,8 @@ class Request:
     """The grammar compiling on the worker; the request is queued for scheduling when it is done."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    beam: BeamGroup | None = None
+    """Set on each sequence of a beam search: the search it runs a beam of."""
     stop_token_ids: frozenset[int] = field(init=False)
     """``params.stop_token_ids`` as a set, built once: checked after every token."""
 
@@ -149,6 +154,8 @@ class EngineOutput:
     """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
     error: RequestError | None = None
     """Set with ``finish_reason`` ERROR."""
+    beams: list[Hypothesis] | None = None
+    """A beam search's final output: its ``n`` best beams, best first (`beam_choice_outputs`)."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:

@@ -29,7 +29,7 @@ BODIES = {
 
 
 def test_the_readme_lists_the_fields():
-    assert {"use_beam_search", "suffix", "functions", "guided_json", "cache_salt"} <= set(FIELDS)
+    assert {"suffix", "functions", "guided_json", "cache_salt"} <= set(FIELDS)
 
 
 @pytest.mark.parametrize("name", FIELDS)
