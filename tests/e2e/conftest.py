@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ import ray
 from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.launch import wait_until_healthy
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
@@ -64,14 +64,5 @@ def server() -> Iterator[Server]:
         port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
         base_url = f"http://127.0.0.1:{port}"
         direct_url = f"http://127.0.0.1:{cluster.direct_port('spout')}"
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=60).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            raise RuntimeError("the Serve app did not become healthy")
+        wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
         yield Server(base_url=base_url, direct_url=direct_url, model=MODEL, api_key=API_KEY)
