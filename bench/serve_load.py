@@ -26,7 +26,7 @@ handle call per request, one chunk per token) and ``baseline_50ms`` (Ray Serve L
 default 50 ms chunk batching); see `bench.stream_baseline`. Results go to
 bench/results/serve_load.json and the plot to bench/results/serve_load.png.
 
-``--ordinary-client`` (about 4 min) runs only `ordinary_client_plan`: the address ``make run``
+``--ordinary-client`` (about 2.5 min) runs only `ordinary_client_plan`: the address ``make run``
 gives and the replica's own port, with the httpx client, at 64 and 256 streams of 64 tokens,
 and Serve's proxy for reference; its rows replace their own earlier rows in serve_load.json
 and the other rows stay.
