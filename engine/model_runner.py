@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -69,6 +70,8 @@ class SampledTokens:
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, eos_token_ids: tuple[int, ...]) -> None:
         self.device, self.dtype = resolve_device(config)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads or len(os.sched_getaffinity(0)))
         torch.manual_seed(config.seed)
         model = LlamaForCausalLM(checkpoint.config, max_positions=config.max_model_len)
         model.load_weights(checkpoint.weights)
@@ -84,7 +87,7 @@ class ModelRunner:
         self.pinned = self.device.type == "cuda"
         # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda"
-        logger.info("model on %s as %s", self.device, self.dtype)
+        logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
     @torch.inference_mode()
     def launch(self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None) -> InFlightStep:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
@@ -241,3 +243,16 @@ def test_the_engine_never_tokenizes(tiny_checkpoint, monkeypatch):
         engine.add_request("untokenized", PROMPT, params)
     engine.add_request("a", PROMPT, params, strings)
     assert run_until_done(engine)["a"][-1].finish_reason == FinishReason.LENGTH
+
+
+def test_a_cpu_engine_computes_on_every_core_unless_told(tiny_checkpoint):
+    """A Ray actor starts with OMP_NUM_THREADS equal to its reserved CPUs (one for the engine): the engine sets its own."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        make_engine(tiny_checkpoint)
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+        make_engine(tiny_checkpoint, cpu_threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
