@@ -53,7 +53,7 @@ def reference_logprobs(prompt) -> torch.Tensor:
 
 
 def engine_for(checkpoint, max_num_batched_tokens: int, **config: object) -> EngineCore:
-    return EngineCore(EngineConfig(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=max_num_batched_tokens, **config), checkpoint)
+    return EngineCore(EngineConfig(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=max_num_batched_tokens, dtype="float32", **config), checkpoint)
 
 
 def scored(engine: EngineCore, prompt: list[int], params: SamplingParams, request_id: str = "r") -> PromptLogprobs:
