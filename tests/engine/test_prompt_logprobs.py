@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.kv_cache import bytes_per_block
 from engine.loader.checkpoint import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk
 from engine.prompt_logprobs import PromptLogprobs, PromptLogprobsState, plan_prompt_rows
@@ -141,3 +142,29 @@ def test_only_rows_of_requests_that_asked_go_through_the_lm_head():
     second = plan_prompt_rows(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 4, 2)]))
     assert second is not None and second.rows == [0] and second.next_token_ids == [6]  # the last prompt position scores nothing
     assert plan_prompt_rows(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 0, 6)])) is None  # recomputed after preemption
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preempted_requests_score_each_prompt_token_once(tiny_checkpoint, async_scheduling):
+    # 6 blocks of 16 positions for 4 prompts of 40 to 70 tokens prefilled 16 tokens a step: requests are
+    # preempted mid-prefill and recompute positions they already scored.
+    prompts = {f"r{i}": [(i * 97 + j * 31) % 4000 + 5 for j in range(40 + 10 * i)] for i in range(4)}
+    params = SamplingParams(prompt_logprobs=2, temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def run(**overrides: object) -> tuple[EngineCore, dict[str, PromptLogprobs]]:
+        config = EngineConfig(model="tiny-random", max_num_seqs=4, max_model_len=128, max_num_batched_tokens=16, async_scheduling=async_scheduling, **overrides)
+        engine = EngineCore(config, tiny_checkpoint)
+        for request_id, prompt in prompts.items():
+            engine.add_request(request_id, prompt, params)
+        outputs = run_until_done(engine)
+        return engine, {request_id: outputs[request_id][0].prompt_logprobs for request_id in prompts}
+
+    block_bytes = bytes_per_block(tiny_checkpoint.config, 16, tiny_checkpoint.weights["embed_tokens.weight"].dtype)
+    tight, preempted = run(kv_cache_memory=6 * block_bytes)
+    _, roomy = run()
+    assert tight.scheduler.num_preemptions > 0
+    for request_id, prompt in prompts.items():
+        assert len(preempted[request_id].entries) == len(prompt) - 1
+        assert [e.top_token_ids for e in preempted[request_id].entries] == [e.top_token_ids for e in roomy[request_id].entries]
+        got, expected = ([e.logprob for e in result[request_id].entries] for result in (preempted, roomy))
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=SAME_RUN_ATOL, rtol=0)
