@@ -87,15 +87,19 @@ def test_prompt_logprobs_on_completions(server, engine_scores):
     assert full.usage.completion_tokens == 2
 
 
-def test_prompt_logprobs_on_chat(server):
+def test_prompt_logprobs_on_chat_equal_those_of_the_same_ids_on_completions(server):
     client = server.openai()
     messages = [{"role": "user", "content": "Name a colour."}]
-    full = client.chat.completions.create(model=server.model, messages=messages, max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 0})
+    full = client.chat.completions.create(model=server.model, messages=messages, max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 1})
     field = full.model_extra["prompt_logprobs"]
     assert len(field) == full.usage.prompt_tokens and field[0] is None
-    for ranked in field[1:]:
-        [(token_id, actual)] = ranked.items()  # N = 0: the actual token alone
-        assert actual["logprob"] <= 0 and actual["rank"] >= 1 and int(token_id) >= 0
+    # Each map starts with the actual token; the ChatML prompt starts with <|im_start|> (id 1).
+    ids = [1] + [int(next(iter(ranked))) for ranked in field[1:]]
+    plain = client.completions.create(model=server.model, prompt=ids, max_tokens=0, extra_body={"prompt_logprobs": 1})
+    expected = plain.choices[0].model_extra["prompt_logprobs"]
+    for ranked, same in zip(field[1:], expected[1:]):
+        assert list(ranked) == list(same)
+        assert [v["logprob"] for v in ranked.values()] == pytest.approx([v["logprob"] for v in same.values()], abs=ATOL)
 
 
 def test_prompt_logprobs_are_refused_when_streamed_or_out_of_range(server):
