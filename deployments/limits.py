@@ -40,6 +40,11 @@ class RequestLimits(BaseModel):
     max_dry_breakers_bytes: int = Field(64, ge=0, description="UTF-8 bytes of all DRY sequence breakers together.")
     max_negative_prompt_bytes: int = Field(32_768, ge=0)
     max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
+    max_prompt_logprob_entries: int = Field(
+        131_072,
+        ge=0,
+        description="Prompt tokens × (prompt_logprobs + 1) × choices: the prompt-logprob entries a request returns (echo with logprobs counts as logprobs).",
+    )
     max_echo_choices: int = Field(16, ge=1, description="Choices of a request with echo (each carries its prompt's text).")
     max_client_speculative_tokens: int = Field(
         0,
@@ -152,6 +157,15 @@ def check_messages(limits: RequestLimits, texts: list[str], num_tools: int) -> N
     size = sum(map(utf8_size, texts))
     if size > limits.max_prompt_bytes:
         raise _over("messages", "bytes of message and tool text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+
+
+def check_prompt_logprobs(limits: RequestLimits, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
+    """The entries a request scoring its prompts returns (``param``: the field that asked), once they are tokenized."""
+    if params.prompt_logprobs is None:
+        return
+    entries = sum(map(len, prompts)) * (params.prompt_logprobs + 1) * params.n
+    what = "prompt logprob entries (prompt tokens × (top alternatives + 1) × n)"
+    _check_count(param, what, entries, limits.max_prompt_logprob_entries, "max_prompt_logprob_entries")
 
 
 def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deployments.openai.errors import APIError
-from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from detok import DetokState
 
 
@@ -19,6 +19,8 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: PromptLogprobEntries | None = None
+    """With the choice's first delta, when the request scores its prompt."""
 
 
 class Mailbox:
@@ -44,6 +46,7 @@ class Mailbox:
         finish_reason: str | None,
         stop_reason: int | str | None,
         logprobs: list[LogprobEntry] | None,
+        prompt_logprobs: PromptLogprobEntries | None = None,
     ) -> None:
         delta = self.pending.get(index)
         if delta is None:
@@ -52,6 +55,8 @@ class Mailbox:
         delta.token_ids += token_ids  # copies: the engine's list is not kept
         if logprobs is not None:
             delta.logprobs = (delta.logprobs or []) + logprobs
+        if prompt_logprobs is not None:
+            delta.prompt_logprobs = prompt_logprobs
         delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
         if finish_reason is not None or len(delta.token_ids) >= self.stream_interval or index not in self.started:
             self.ready.set()

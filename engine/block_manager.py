@@ -60,11 +60,11 @@ class BlockManager:
 
     def match_prefix(self, sequence: Request) -> int:
         """Give a sequence without blocks the cached blocks its known tokens start with, as computed
-        tokens; return how many. The last known token is always left to compute (its logits are needed)."""
+        tokens; return how many. Tokens whose logits are needed are left to compute (`Request.num_cacheable_tokens`)."""
         assert not sequence.kv.block_ids and sequence.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        for block_hash in self._hashes(sequence, (sequence.num_tokens - 1) // self.block_size):
+        for block_hash in self._hashes(sequence, sequence.num_cacheable_tokens // self.block_size):
             block = self.pool.take_cached(block_hash)
             if block is None:
                 break

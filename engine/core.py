@@ -16,6 +16,7 @@ from engine.grammar.requests import ConstrainedRequests
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
+from engine.prompt_logprobs import PromptLogprobsState, collect_prompt_logprobs, plan_prompt_rows, take_prompt_logprobs
 from engine.request import EngineOutput, FinishReason, Guidance, Request, RequestError, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
@@ -134,6 +135,8 @@ class EngineCore:
             request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
         if params.guidance_scale != 1.0:
             request.guidance = self._guidance(request)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = PromptLogprobsState(params.prompt_logprobs)
         return request
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> None:
@@ -152,8 +155,6 @@ class EngineCore:
                 f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, "
                 f"so at most {self.max_model_len - 1} prompt tokens leave room for output"
             )
-        if params.prompt_logprobs is not None:
-            raise InvalidRequestError("prompt_logprobs is not supported yet")
         if params.allowed_token_ids is not None and any(len(sequence) > 1 for sequence in strings.bad_words):
             # The sampler would find mid-generation that no token is left, failing the whole step.
             raise InvalidRequestError("allowed_token_ids cannot be combined with bad_words of more than one token")
@@ -227,7 +228,7 @@ class EngineCore:
         self._finish_too_large()
         launched = None
         if step.requests:
-            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step))
+            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step), plan_prompt_rows(step))
             for sequence, chunk in zip(step.requests, step.chunks):
                 sequence.num_computed_tokens += chunk.num_tokens
             for request in step.sampled:
@@ -298,6 +299,8 @@ class EngineCore:
     def _collect(self, in_flight: InFlightStep) -> list[EngineOutput]:
         outputs = []
         step = in_flight.step
+        if in_flight.prompt_logprobs is not None:  # before the outputs that carry them
+            collect_prompt_logprobs(in_flight.prompt_logprobs)
         for request, drafts, sampled in zip(step.sampled, step.draft_token_ids, self.runner.collect(in_flight)):
             _add_placeholders(request, -1)
             if request.finished:  # finished or aborted while this step ran
@@ -330,6 +333,9 @@ class EngineCore:
         """Append the step's tokens up to the first stop; the rest (and their logprobs) are dropped."""
         new_token_ids: list[int] = []
         stop = None
+        if request.params.max_tokens == 0:  # the prompt is scored; the token sampled after it is dropped
+            sampled = SampledTokens([], None)
+            stop = FinishReason.LENGTH, None
         for token_id in sampled.token_ids:
             if token_id < 0:  # the sampler found no token the request's masks allow
                 stop = FinishReason.GRAMMAR_DEAD_END, None
@@ -345,6 +351,7 @@ class EngineCore:
             output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
         else:
             output = self._finish(request, *stop, new_token_ids=new_token_ids)
+        output.prompt_logprobs = take_prompt_logprobs(request)
         num_top = request.params.logprobs
         if sampled.logprobs is not None and num_top is not None:
             kept = sampled.logprobs[: len(new_token_ids)]

@@ -17,6 +17,7 @@ from engine.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
+from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
@@ -45,6 +46,7 @@ class InFlightStep:
     token, for the next step's inputs.
     host: pinned host copies being filled: token ids per logits row, then (when the step
     verifies drafts) tokens emitted per request, then logprob fields when asked.
+    prompt_logprobs: the step's prompt logprobs, when its prefill chunks score any.
     """
 
     step: ScheduledStep
@@ -52,6 +54,7 @@ class InFlightStep:
     host: list[torch.Tensor]
     done: torch.cuda.Event | None
     verifies_drafts: bool
+    prompt_logprobs: PromptLogprobsInFlight | None = None
     beam_host: list[torch.Tensor] = field(default_factory=list)
     """Pinned host copies of the beam rows' candidates (`candidate_tensors`), when the step has any."""
 
@@ -90,9 +93,11 @@ class ModelRunner:
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
     @torch.inference_mode()
-    def launch(self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None) -> InFlightStep:
+    def launch(
+        self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None, prompt_rows: PromptRows | None = None
+    ) -> InFlightStep:
         """Enqueue the step: forward, lm_head on the needed rows, guidance, sampler (or
-        verification of drafts), and the copies to the host.
+        verification of drafts), and the copies to the host; prompt logprobs of ``prompt_rows``.
 
         ``masks``: the grammar bitmasks of the step's constrained requests, filling on a worker
         while the forward pass is enqueued (on the CPU: while it runs); waited for before the sampler.
@@ -111,8 +116,9 @@ class ModelRunner:
         meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         verifies_drafts = any(step.draft_token_ids)
+        prompt = None if prompt_rows is None else launch_prompt_logprobs(prompt_rows, hidden, self.model.compute_logits, self.pinned)
         if not step.sampled:
-            return InFlightStep(step, None, [], None, verifies_drafts)
+            return InFlightStep(step, None, [], None, verifies_drafts, prompt)
         rows = self._to_device([r.slot for r in step.sampled])
         if verifies_drafts:
             logits = self._guided_logits(step, hidden)
@@ -136,7 +142,7 @@ class ModelRunner:
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, beam_host=host[len(values) :])
+        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, beam_host=host[len(values) :])
 
     def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
         """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""

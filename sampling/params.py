@@ -74,10 +74,14 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    max_tokens: int | None = Field(16, ge=1, description="None: until the context is full.")
+    max_tokens: int | None = Field(
+        16, ge=0, description="None: until the context is full; 0: nothing generated (the prompt is only scored, see prompt_logprobs)."
+    )
     min_tokens: int = Field(0, ge=0, le=MAX_INT64)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Logprob of every prompt token after the first, with this many top alternatives."
+    )
     logit_bias: dict[int, float] = Field(default_factory=dict)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = Field(default_factory=list, max_length=MAX_BAD_WORDS)

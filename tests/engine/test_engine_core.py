@@ -52,7 +52,6 @@ def first_new_token(tokens: list[int]) -> tuple[int, int]:
         ([5, -1], GREEDY, "outside the vocabulary"),
         (PROMPT, SamplingParams(stop_token_ids=[60000]), "stop_token_ids"),
         (PROMPT, SamplingParams(logit_bias={99999: 1.0}), "logit_bias"),
-        (PROMPT, SamplingParams(prompt_logprobs=1), "prompt_logprobs"),
         (PROMPT, SamplingParams(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=2), "allowed_token_ids"),
         (PROMPT, SamplingParams(allowed_token_ids=[7, 8], bad_words=["hello world"]), "bad_words"),
     ],

@@ -45,9 +45,9 @@ def count_computed_tokens(engine: EngineCore) -> list[int]:
     counted = [0]
     launch = engine.runner.launch
 
-    def counting_launch(step, previous, masks=None):
+    def counting_launch(step, *args):
         counted[0] += len(step.input_ids)
-        return launch(step, previous, masks)
+        return launch(step, *args)
 
     engine.runner.launch = counting_launch  # type: ignore[method-assign]
     return counted
