@@ -7,8 +7,8 @@ the sdist with pip, unpack it into ``.cache/llama.cpp/`` and ``pip install --tar
 from there, so pip builds it in that tree (``build/`` stays and a rerun is incremental).
 The CMake options download nothing: no prebuilt web UI (``LLAMA_USE_PREBUILT_UI=OFF``,
 ``LLAMA_BUILD_UI=OFF``), no OpenSSL; tests and examples are off, libraries are static
-(one self-contained binary), ``GGML_NATIVE=ON`` tunes it for this CPU. Each set of
-options installs into its own folder.
+(one self-contained binary), ``GGML_NATIVE=ON`` tunes it for this CPU but AMX (see
+`CMAKE_ARGS`). Each set of options installs into its own folder.
 
 ``python -m bench.llama_cpp_build`` builds it (run it under ``nice -n 19`` on a shared machine).
 """
@@ -36,7 +36,12 @@ CMAKE_ARGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_APP=OFF",
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 )
+"""No AMX: ``-march=native`` turns on ggml's AMX matmul on this CPU, which crashes (SIGSEGV in
+``ggml_backend_amx_mul_mat``) on the default model's Q4_1 weights at load. Explicit ``-mno-``
+flags win over ``-march=native`` whatever their order."""
 
 
 def server_binary() -> Path:

@@ -46,9 +46,7 @@ START_TIMEOUT_S = 300
 BUSY_THREAD_SHARE = 0.5
 """A thread that used at least this share of the busiest thread's CPU during the load computes:
 torch's intra-op workers share the engine thread's work; Ray's and the grammar's threads wait."""
-LLAMA_POOL = ("--parallel", "64", "-c", "16384", "--kv-unified", "--no-repack")
-"""``--no-repack``: ggml's AMX matmul (an extra buffer type, picked by ``GGML_NATIVE`` on this
-CPU) crashes on the model's Q4_1 weights at load; CPU repacking has no Q4_1 kernels anyway."""
+LLAMA_POOL = ("--parallel", "64", "-c", "16384", "--kv-unified")
 LOG_PATH = Path("/tmp/bench-peers-llama-server.log")
 
 
