@@ -1,9 +1,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The address `make run` serves on (proxy and direct-ingress ports): `make run HOST=0.0.0.0` to serve other machines.
+# The address `make run` serves on (HAProxy and the replicas' direct-ingress ports): `make run HOST=0.0.0.0` to serve
+# other machines. Options for the app: `make run ARGS="model=tiny-random max_num_seqs=64"`.
 # The API key comes from the environment: `SPOUT_API_KEY=... make run`.
 HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
 
 .PHONY: install run test lint bench
 
@@ -18,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	RAY_SERVE_DEFAULT_HTTP_HOST=$(HOST) RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(VENV)/bin/serve run deployments:app
+	$(PY) -m deployments.launch --host $(HOST) --port $(PORT) $(ARGS)
 
 test: install
 	$(VENV)/bin/ruff check .

@@ -1,19 +1,26 @@
-"""The load generator of `bench.serve_load`: many concurrent streaming completions on loopback.
+"""The load generators of `bench.serve_load`: many concurrent streaming completions on loopback.
 
-A plain asyncio HTTP/1.1 client (one connection per stream, chunked or sized bodies,
-SSE events split on blank lines), so the load generator costs little of the CPU it
-shares with the server. Tokens are counted from the final usage chunk, so frames
-that carry several tokens count them all.
+Two clients (`CLIENTS`): ``raw``, a plain asyncio HTTP/1.1 client (one connection per
+stream, chunked or sized bodies, SSE events split on blank lines), so the load generator
+costs little of the CPU it shares with the server; and ``httpx``, an ordinary client: one
+``httpx.AsyncClient`` with its connection pool, reading each SSE line as the ``openai`` SDK
+does. Tokens are counted from the final usage chunk, so frames that carry several tokens
+count them all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
+import httpx
+
 SSE_DATA = b"data: "
+CLIENTS = ("raw", "httpx")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise, under Ray's logging setup
 
 
 @dataclass
@@ -76,7 +83,11 @@ def _on_event(result: StreamResult, event: bytes, started: float, last: float) -
     """Fold one SSE event into ``result``; returns the time of the last frame with text."""
     if not event.startswith(SSE_DATA) or event[6:7] != b"{":
         return last
-    chunk = json.loads(event[6:])
+    return _on_chunk(result, json.loads(event[6:]), started, last)
+
+
+def _on_chunk(result: StreamResult, chunk: dict, started: float, last: float) -> float:
+    """Fold one parsed SSE chunk into ``result``; returns the time of the last frame with text."""
     if "error" in chunk:
         result.failed = True
         return last
@@ -119,6 +130,21 @@ async def stream_one(host: str, port: int, body: dict) -> StreamResult:
     return result
 
 
+async def stream_one_httpx(client: httpx.AsyncClient, body: dict) -> StreamResult:
+    """POST ``body`` to /v1/completions and read its SSE stream line by line, as the ``openai`` SDK does."""
+    result = StreamResult()
+    started = last = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    last = _on_chunk(result, json.loads(line[6:]), started, last)
+        result.failed = result.failed or response.status_code != 200 or result.tokens == 0
+    except (httpx.HTTPError, ValueError):
+        result.failed = True
+    return result
+
+
 async def post_json(host: str, port: int, body: dict) -> dict | None:
     """A non-streaming POST to /v1/completions; the parsed body, or None if it failed."""
     writer = None
@@ -135,10 +161,16 @@ async def post_json(host: str, port: int, body: dict) -> dict | None:
             writer.close()
 
 
-async def run_streams(host: str, port: int, bodies: list[dict], timeout_s: float) -> tuple[list[StreamResult], float]:
-    """Every stream at once; their results and the wall time they took."""
-    started = time.perf_counter()
-    results = await asyncio.wait_for(asyncio.gather(*(stream_one(host, port, b) for b in bodies)), timeout_s)
+async def run_streams(host: str, port: int, bodies: list[dict], timeout_s: float, client: str = "raw") -> tuple[list[StreamResult], float]:
+    """Every stream at once with ``client`` (one of `CLIENTS`); their results and the wall time they took."""
+    if client == "httpx":
+        limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=timeout_s, limits=limits) as pool:
+            started = time.perf_counter()
+            results = await asyncio.wait_for(asyncio.gather(*(stream_one_httpx(pool, b) for b in bodies)), timeout_s)
+    else:
+        started = time.perf_counter()
+        results = await asyncio.wait_for(asyncio.gather(*(stream_one(host, port, b) for b in bodies)), timeout_s)
     return list(results), time.perf_counter() - started
 
 

@@ -16,7 +16,7 @@ REPLICA_TITLE = "ray::ServeReplica:"
 """Followed by ``app:deployment``."""
 DEPLOYMENT_KINDS = {"Ingress": "ingress", "BaselineIngress": "ingress", "Detokenizer": "detok", "EngineServer": "engine"}
 PROCESS_KINDS: dict[str, tuple[str, ...]] = {
-    "engine": ("ray::EngineActor",),
+    "engine": ("ray::EngineActor", "ray::SyntheticEngineActor"),
     "proxy": ("ray::ProxyActor", "ray::HAProxyManager", "haproxy"),
     "controller": ("ray::ServeController",),
     "ray_system": ("gcs_server", "raylet"),
@@ -73,8 +73,19 @@ def cpu_used(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, f
     return used
 
 
-def per_token_us(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]], tokens: int) -> dict[str, float]:
-    """µs of CPU per output token of each kind between two readings; "egress" sums `EGRESS_KINDS`."""
-    us = {kind: seconds / max(tokens, 1) * 1e6 for kind, seconds in cpu_used(before, after).items()}
+def per_token_us(
+    before: dict[str, tuple[str, float]],
+    after: dict[str, tuple[str, float]],
+    tokens: int,
+    idle_cores: dict[str, float] | None = None,
+    elapsed_s: float = 0.0,
+) -> dict[str, float]:
+    """µs of CPU per output token of each kind between two readings; "egress" sums `EGRESS_KINDS`.
+
+    With ``idle_cores`` (cores each kind uses with no request in flight), what the kind would
+    have used idle over ``elapsed_s`` is subtracted first (never below zero)."""
+    idle = idle_cores or {}
+    used = {kind: max(seconds - idle.get(kind, 0.0) * elapsed_s, 0.0) for kind, seconds in cpu_used(before, after).items()}
+    us = {kind: seconds / max(tokens, 1) * 1e6 for kind, seconds in used.items()}
     us["egress"] = sum(us[kind] for kind in EGRESS_KINDS)
     return {kind: round(value, 1) for kind, value in us.items()}

@@ -14,7 +14,11 @@ needs its own cluster:
   ingress, user code on the replica's main event loop (no thread hop per ASGI message),
   gRPC between deployments, GC frozen after start, no request logs to stderr.
 - ``throughput_optimized_haproxy``: both: HAProxy on Serve's port in front of
-  throughput-optimized replicas, the way a multi-replica deployment keeps one address.
+  throughput-optimized replicas, so that several replicas keep one address. This is
+  `DEFAULT_PROXY`, what ``make run`` (`deployments.launch`) serves with.
+
+HAProxy's stats and Prometheus ports get free ports per cluster, so that clusters on one
+machine do not collide.
 """
 
 from __future__ import annotations
@@ -30,22 +34,23 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.ingress import kill_engines
+from deployments.launch import FAST_PATH_ENV, direct_ingress_ports
 
 PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "default": {},
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
-    "throughput_optimized_haproxy": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    "throughput_optimized_haproxy": FAST_PATH_ENV,
 }
+DEFAULT_PROXY = "throughput_optimized_haproxy"
 COMMON_ENV = {
     # Replicas of a deleted app otherwise keep their port for 30 s so a load balancer
     # can deregister them; nothing sits in front of them here.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
 }
 DIRECT_INGRESS = ("direct", "throughput_optimized")
-"""The options where the ingress replica listens itself, on a port Serve allocates."""
-CONTROLLER = ("SERVE_CONTROLLER_ACTOR", "serve")
+"""The options where the ingress replica listens itself, on a port Serve allocates, and nothing is in front of it."""
 
 
 def free_port() -> int:
@@ -59,7 +64,8 @@ class ServeCluster:
 
     def __init__(self, proxy: str) -> None:
         self.proxy = proxy
-        self.env = PROXY_OPTIONS[proxy] | COMMON_ENV
+        haproxy_ports = {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+        self.env = PROXY_OPTIONS[proxy] | COMMON_ENV | haproxy_ports
         self.port = free_port()
         self.saved_env: dict[str, str | None] = {}
 
@@ -83,17 +89,17 @@ class ServeCluster:
                     os.environ[name] = value
 
     def deploy(self, app: Application, name: str, timeout_s: float = 300) -> int:
-        """Run ``app`` at route ``/``; the port its HTTP requests go to."""
+        """Run ``app`` at route ``/``; the port its HTTP requests go to (the replica's own
+        port where nothing is in front of it, else Serve's port)."""
         serve.run(app, name=name, route_prefix="/", blocking=False)
-        if self.proxy not in DIRECT_INGRESS:
-            return self.port
-        controller = ray.get_actor(*CONTROLLER)
+        return self.direct_port(name, timeout_s) if self.proxy in DIRECT_INGRESS else self.port
+
+    def direct_port(self, name: str, timeout_s: float = 300) -> int:
+        """The first ingress replica's own HTTP port (under an option with direct ingress)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for group in ray.get(controller.get_target_groups.remote(name)):
-                ports = [t.port for t in group.targets if t.port != self.port]
-                if group.protocol.value == "HTTP" and ports:
-                    return ports[0]
+            if ports := direct_ingress_ports(name, self.port):
+                return ports[0]
             time.sleep(0.5)
         raise RuntimeError(f"no direct-ingress port for {name}")
 

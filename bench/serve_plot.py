@@ -90,8 +90,8 @@ def _panel(canvas: Canvas, box: tuple[int, int, int, int], rows: list[dict], fie
 
 
 def plot_rows(rows: list[dict], path: Path, proxy: str) -> None:
-    """Write the PNG of ``rows`` run under ``proxy`` (other proxies' rows are left out)."""
-    rows = [r for r in rows if r["proxy"] == proxy]
+    """Write the PNG of the raw client's ``rows`` run under ``proxy`` (other proxies' and clients' rows are left out)."""
+    rows = [r for r in rows if r["proxy"] == proxy and r.get("client", "raw") == "raw"]
     if not rows:
         return
     modes = list(dict.fromkeys(r["mode"] for r in rows))

@@ -38,6 +38,7 @@ class ServeArgs(RequestLimits):
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
     grammar_cache_size: int = Field(256, ge=1, description="Compiled structured-output grammars each engine keeps (least recently used dropped).")
+    engine_cpu_threads: int | None = Field(None, ge=1, description="Torch threads of an engine on the CPU; default every core of its node.")
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_resource: str | None = Field(
         None, min_length=1, description="A custom Ray resource marking engine places, one engine per unit (accelerators Ray does not count as GPUs; tests)."
@@ -111,4 +112,5 @@ class ServeArgs(RequestLimits):
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
             grammar_cache_size=self.grammar_cache_size,
+            cpu_threads=self.engine_cpu_threads,
         )

@@ -50,8 +50,8 @@ def fanout_autoscaling_policy(ctx: AutoscalingContext) -> tuple[float, dict]:
 
 
 class DetokClient:
-    """Runs a step's detok batch inline when it is small, else on the pool in calls of at most
-    ``tokens_per_call`` new tokens, all at once.
+    """Runs a step's detok batch inline when it is small (new tokens and logprob strings), else on
+    the pool in calls of at most ``tokens_per_call`` new tokens, all at once.
 
     A pool call that fails (a replica died) is retried once through the handle,
     which routes it to another replica, then run inline: nothing is lost, since
@@ -68,7 +68,8 @@ class DetokClient:
         self.pool_batches = 0
 
     async def detokenize(self, items: Sequence[DetokItem]) -> list[DetokResult]:
-        num_tokens = sum(len(item.new_token_ids) for item in items)
+        # Logprob strings cost a decode each, as tokens do: a prompt's logprobs are many at once.
+        num_tokens = sum(len(item.new_token_ids) + len(item.logprob_token_ids) for item in items)
         if self.pool is None or num_tokens < self.inline_threshold:
             self.inline_batches += 1
             return detokenize_batch(self.tokenizer, items)

@@ -94,7 +94,7 @@ class EngineActor:
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int) -> None:
         self.incarnation = random.getrandbits(62)
-        self.engine = EngineCore(config)
+        self.engine = self._load(config)
         self.max_waiting_requests = max_waiting_requests
         self.owners: dict[str, str] = {}  # request id -> subscriber; engine thread only
         self.recent_aborts: OrderedDict[str, None] = OrderedDict()  # engine thread only
@@ -110,6 +110,10 @@ class EngineActor:
         self.num_late_subscribers = 0  # times a subscriber was not waited for; engine thread only
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.thread.start()
+
+    def _load(self, config: EngineConfig) -> EngineCore:
+        """The engine this actor runs (`bench.synthetic_engine` overrides it with a model-free one)."""
+        return EngineCore(config)
 
     # --- called by ingress replicas -------------------------------------------------
 

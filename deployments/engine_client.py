@@ -14,7 +14,7 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
-from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from deployments.openai.tool_calls import ChoiceToolCalls
@@ -23,6 +23,7 @@ from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
+from engine.beam_search import beam_choice_id
 from sampling.params import SamplingParams
 
 
@@ -91,8 +92,8 @@ class EngineClient:
         """Abort a choice the client no longer waits for: at once in its own call, batched per tick
         (the engine learns of it a poll cycle sooner), and with the next poll (which the engine
         waits for, so it lands within the step bound of `deployments.step_credits` whatever the load)."""
-        self.aborters[stream.engine_index].submit(stream.request_id)
-        self.router.abort(stream.engine_index, stream.request_id)
+        self.aborters[stream.engine_index].submit(stream.engine_request_id)
+        self.router.abort(stream.engine_index, stream.engine_request_id)
 
     def _pick_engine(self) -> int:
         """The engine with the fewest live choices among those up (a 503 when none is)."""
@@ -103,20 +104,27 @@ class EngineClient:
         return min(up, key=live.__getitem__)
 
     async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
-        """Add ``n`` choices per prompt to one engine; choice index = prompt index * n + i."""
+        """Add ``n`` choices per prompt to one engine (with beam search, one search of ``n`` beams per
+        prompt); choice index = prompt index * n + i."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval)
         streams, requests, echo_texts = [], [], []
+        request_of_stream: list[int] = []
         for prompt_index, prompt in enumerate(prompts):
             state = initial_state(self.tokenizer.tokenizer, prompt, params)
             prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
+            search_id = f"{format.request_id}-{prompt_index}" if params.use_beam_search else None
+            if search_id is not None:
+                requests.append(NewRequest(search_id, prompt, params, strings))
             for i in range(params.n):
                 index = prompt_index * params.n + i
-                choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
-                request_id = f"{format.request_id}-{index}"
-                streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state))
-                requests.append(NewRequest(request_id, prompt, choice_params, strings))
+                if search_id is None:
+                    choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
+                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings))
+                request_id = requests[-1].request_id if search_id is None else beam_choice_id(search_id, i)
+                streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state, search_id=search_id))
+                request_of_stream.append(len(requests) - 1)
                 echo_texts.append(prompt_text)
         for stream in streams:
             self.router.register(stream)
@@ -128,8 +136,8 @@ class EngineClient:
         except BaseException:  # the client left mid-submit: leave nothing behind
             self._withdraw(streams)
             raise
-        for stream, (incarnation, _) in zip(streams, replies):
-            stream.incarnation = incarnation
+        for stream, request_index in zip(streams, request_of_stream):
+            stream.incarnation = replies[request_index][0]
         if any(incarnation != self.router.incarnations[engine_index] for incarnation, _ in replies):
             self._withdraw(streams)  # the engine restarted since it took them
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
@@ -174,8 +182,10 @@ class EngineClient:
         try:
             offsets = [len(text) for text in submission.echo_texts]
             calls = [ChoiceToolCalls(fmt.tool_calls) for _ in submission.streams] if fmt.tool_calls else None
-            if fmt.chat or any(submission.echo_texts):
-                roles = [fmt.chunk_choice(s.index, submission.echo_texts[i], None, None, role=True) for i, s in enumerate(submission.streams)]
+            # An echo with logprobs goes out with its logprobs, which come with the choice's first delta.
+            opening = [""] * len(offsets) if fmt.echo_logprobs is not None else submission.echo_texts
+            if fmt.chat or any(opening):
+                roles = [fmt.chunk_choice(s.index, opening[i], None, None, role=True) for i, s in enumerate(submission.streams)]
                 yield fmt.chunk_frame(roles, usage_so_far())
             while unfinished:
                 deltas = await submission.mailbox.take()
@@ -184,7 +194,7 @@ class EngineClient:
                 for i, d in sorted(deltas.items()):
                     new_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
-                    choices.append(chunk_choice(fmt, i, d, offsets[i], calls[i] if calls else None))
+                    choices.append(chunk_choice(fmt, i, d, offsets[i], calls[i] if calls else None, submission.echo_texts[i]))
                     offsets[i] += len(d.text)
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
@@ -207,6 +217,7 @@ class EngineClient:
         fmt = submission.format
         texts = list(submission.echo_texts)
         logprobs: list[list[LogprobEntry] | None] = [None] * len(texts)
+        prompts: list[PromptLogprobEntries | None] = [None] * len(texts)
         finish: dict[int, tuple[str | None, int | str | None]] = {}
         completion_tokens = 0
         try:
@@ -217,14 +228,19 @@ class EngineClient:
                     texts[index] += delta.text
                     if delta.logprobs is not None:
                         logprobs[index] = (logprobs[index] or []) + delta.logprobs
+                    if delta.prompt_logprobs is not None:
+                        prompts[index] = delta.prompt_logprobs
                     completion_tokens += len(delta.token_ids)
                     if delta.finish_reason is not None:
                         finish[index] = (delta.finish_reason, delta.stop_reason)
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        choices = [full_choice(fmt, i, texts[i], *finish[i], fmt.logprobs(logprobs[i], len(submission.echo_texts[i]))) for i in range(len(submission.streams))]
-        return fmt.full(choices, submission.usage(completion_tokens))
+        choices = [
+            full_choice(fmt, i, texts[i], *finish[i], choice_logprobs(fmt, logprobs[i], prompts[i], len(submission.echo_texts[i])))
+            for i in range(len(submission.streams))
+        ]
+        return fmt.add_prompt_logprobs(fmt.full(choices, submission.usage(completion_tokens)), prompts)
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:
@@ -233,13 +249,23 @@ class EngineClient:
             self.metrics.itl.observe((now - last) / new_tokens)
 
 
-def chunk_choice(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None) -> dict[str, object]:
-    """A stream chunk's choice for ``delta``; with ``calls``, its text read for tool calls."""
-    logprobs = fmt.logprobs(delta.logprobs, offset)
+def chunk_choice(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None, echo_text: str) -> dict[str, object]:
+    """A stream chunk's choice for ``delta``; with ``calls``, its text read for tool calls. A first
+    delta with the prompt's logprobs of an echo starts with ``echo_text``."""
+    logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
     if calls is None:
-        return fmt.chunk_choice(index, delta.text, delta.finish_reason, delta.stop_reason, logprobs)
+        echoed = echo_text if fmt.echo_logprobs is not None and delta.prompt_logprobs is not None else ""
+        return fmt.chunk_choice(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs)
     text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
     return fmt.chunk_choice(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs, tool_calls=new_calls)
+
+
+def choice_logprobs(fmt: ResponseFormat, generated: list[LogprobEntry] | None, prompt: PromptLogprobEntries | None, offset: int) -> dict[str, object] | None:
+    """A choice's ``logprobs``: an echo's prompt tokens first (when these are the ones that came with
+    them), then the generated tokens, which start at ``offset`` in the choice's text."""
+    if fmt.echo_logprobs is not None and prompt is not None:
+        return fmt.echo_logprobs_field(generated, prompt)
+    return fmt.logprobs(generated, offset)
 
 
 def full_choice(

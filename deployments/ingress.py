@@ -20,7 +20,16 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
-from deployments.limits import check_context_length, check_echo, check_in_flight, check_messages, check_prompts, check_sampling, check_structured_outputs
+from deployments.limits import (
+    check_context_length,
+    check_echo,
+    check_in_flight,
+    check_messages,
+    check_prompt_logprobs,
+    check_prompts,
+    check_sampling,
+    check_structured_outputs,
+)
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openai.errors import APIError
 from deployments.openai.event_stream import EventStream
@@ -177,6 +186,7 @@ class Ingress:
         echo: bool,
     ) -> Response:
         """Submit the choices, then answer with their stream or their whole response."""
+        check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
         # Checked again with no await before `submit` registers the choices, so that requests
         # whose prompts were encoded at the same time cannot together pass the limit.
         check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
@@ -200,7 +210,9 @@ class Ingress:
         prompts = await self.encoder.prompts(texts_or_ids)
         for prompt in prompts:
             self._check_prompt(prompt)
-        fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False)
+        fmt = ResponseFormat.new(
+            f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
+        )
         return await self._submit(client, fmt, prompts, body, params, echo=body.echo)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -221,7 +233,7 @@ class Ingress:
             raise APIError(400, str(error), param="messages") from error
         self._check_prompt(prompt)
         calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
-        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls)
+        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs)
         return await self._submit(client, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai.errors import APIError
+from engine.beam_search import BeamSearchParamError, check_beam_params
 from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -24,6 +25,9 @@ class RequestLimits(BaseModel):
 
     max_choices_per_request: int = Field(64, ge=1, le=MAX_N * 64, description="Prompts × n in one request.")
     max_choices_in_flight: int = Field(2048, ge=1, description="Choices an ingress replica streams at once; more get 503.")
+    max_beam_width: int = Field(
+        8, ge=1, le=MAX_N, description="n of a beam search (use_beam_search): engine sequences it holds, 2n candidates scored per beam per step."
+    )
     max_prompt_bytes: int = Field(262_144, ge=1, description="UTF-8 bytes of one text prompt (all chat message text together).")
     max_stop_strings: int = Field(16, ge=0)
     max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")
@@ -36,6 +40,11 @@ class RequestLimits(BaseModel):
     max_dry_breakers_bytes: int = Field(64, ge=0, description="UTF-8 bytes of all DRY sequence breakers together.")
     max_negative_prompt_bytes: int = Field(32_768, ge=0)
     max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
+    max_prompt_logprob_entries: int = Field(
+        131_072,
+        ge=0,
+        description="Prompt tokens × (prompt_logprobs + 1) × choices: the prompt-logprob entries a request returns (echo with logprobs counts as logprobs).",
+    )
     max_echo_choices: int = Field(16, ge=1, description="Choices of a request with echo (each carries its prompt's text).")
     max_client_speculative_tokens: int = Field(
         0,
@@ -88,6 +97,17 @@ def check_sampling(limits: RequestLimits, params: SamplingParams, choices: int, 
     entries = (params.logprobs or 0) * choices
     _check_count("logprobs", "logprob entries per step (logprobs × choices)", entries, limits.max_logprob_entries, "max_logprob_entries")
     _check_speculation(limits, params, server_speculative_tokens)
+    _check_beam_search(limits, params)
+
+
+def _check_beam_search(limits: RequestLimits, params: SamplingParams) -> None:
+    """A beam search's width, and fields that do not go with (or without) beam search."""
+    if params.use_beam_search:
+        _check_count("n", "beams (beam search width)", params.n, limits.max_beam_width, "max_beam_width")
+    try:
+        check_beam_params(params)
+    except BeamSearchParamError as error:
+        raise APIError(400, str(error), param=error.param) from error
 
 
 def check_structured_outputs(limits: RequestLimits, params: SamplingParams, param: str) -> None:
@@ -137,6 +157,15 @@ def check_messages(limits: RequestLimits, texts: list[str], num_tools: int) -> N
     size = sum(map(utf8_size, texts))
     if size > limits.max_prompt_bytes:
         raise _over("messages", "bytes of message and tool text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+
+
+def check_prompt_logprobs(limits: RequestLimits, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
+    """The entries a request scoring its prompts returns (``param``: the field that asked), once they are tokenized."""
+    if params.prompt_logprobs is None:
+        return
+    entries = sum(map(len, prompts)) * (params.prompt_logprobs + 1) * params.n
+    what = "prompt logprob entries (prompt tokens × (top alternatives + 1) × n)"
+    _check_count(param, what, entries, limits.max_prompt_logprob_entries, "max_prompt_logprob_entries")
 
 
 def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:

@@ -16,9 +16,10 @@ from dataclasses import replace
 from deployments.detok_pool import DetokClient
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
-from deployments.openai.logprobs import logprob_entries, logprob_token_ids
+from deployments.openai.logprobs import logprob_entries, logprob_token_ids, prompt_logprob_entries, prompt_logprob_token_ids
 from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
+from engine.beam_search import beam_choice_outputs
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)
@@ -118,23 +119,25 @@ class OutputRouter:
                     logger.exception("routing engine outputs failed")
 
     async def _route(self, outputs: list[EngineOutput]) -> None:
-        live: list[tuple[ChoiceStream, EngineOutput]] = []
+        live: list[tuple[ChoiceStream, EngineOutput, int]] = []
         items: list[DetokItem] = []
-        for output in merge_outputs(outputs):
+        for output in merge_outputs(expand_beams(outputs)):
             stream = self.streams.get(output.request_id)
             if stream is None or stream.finished:
                 continue
-            live.append((stream, output))
-            logprob_ids = () if output.logprobs is None else logprob_token_ids(output.new_token_ids, output.logprobs)
-            items.append(DetokItem(stream.detok_state, output.new_token_ids, output.finish_reason is not None, logprob_ids))
+            prompt_ids = [] if output.prompt_logprobs is None else prompt_logprob_token_ids(output.prompt_logprobs)
+            logprob_ids = [] if output.logprobs is None else logprob_token_ids(output.new_token_ids, output.logprobs)
+            live.append((stream, output, len(prompt_ids)))
+            items.append(DetokItem(stream.detok_state, output.new_token_ids, output.finish_reason is not None, prompt_ids + logprob_ids))
         if not live:
             return
         self.metrics.detok_batch.observe(len(items))
         results = await self.detok.detokenize(items)
-        for (stream, output), result in zip(live, results):
-            self._deliver(stream, output, result)
+        for (stream, output, num_prompt_strings), result in zip(live, results):
+            self._deliver(stream, output, result, num_prompt_strings)
 
-    def _deliver(self, stream: ChoiceStream, output: EngineOutput, result: DetokResult) -> None:
+    def _deliver(self, stream: ChoiceStream, output: EngineOutput, result: DetokResult, num_prompt_strings: int) -> None:
+        """``result.token_strings``: the prompt logprobs' first ``num_prompt_strings``, then the new tokens'."""
         if stream.finished:  # e.g. the client left while the batch was being detokenized
             return
         stream.detok_state = result.state
@@ -147,23 +150,32 @@ class OutputRouter:
             stream.finished = True
             stream.mailbox.fail(APIError(500, f"detokenization failed: {result.error}", code="detokenization_error"))
             if output.finish_reason is None:
-                self.abort(stream.engine_index, stream.request_id)
+                self.abort(stream.engine_index, stream.engine_request_id)
             return
-        logprobs = logprob_entries(output.logprobs, result.token_strings) if output.logprobs is not None else None
+        strings = result.token_strings
+        logprobs = logprob_entries(output.logprobs, strings[num_prompt_strings:]) if output.logprobs is not None else None
+        prompt = None if output.prompt_logprobs is None else prompt_logprob_entries(output.prompt_logprobs, strings[:num_prompt_strings])
         stream.num_draft_tokens += output.num_draft_tokens
         stream.num_accepted_tokens += output.num_accepted_tokens
         if result.stop is not None:
             stream.finished = True
             keep = result.stop.keep_tokens
             token_ids = output.new_token_ids[:keep]
-            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep])
+            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep], prompt)
             if output.finish_reason is None:
                 self.metrics.aborts.inc("stop_string")
-                self.abort(stream.engine_index, stream.request_id)
+                self.abort(stream.engine_index, stream.engine_request_id)
             return
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
-        stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs)
+        stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs, prompt)
+
+
+def expand_beams(outputs: list[EngineOutput]) -> list[EngineOutput]:
+    """A beam search's final output as one output per beam (its choices' streams are registered under those ids)."""
+    if all(output.beams is None for output in outputs):
+        return outputs
+    return [choice for output in outputs for choice in (beam_choice_outputs(output) if output.beams is not None else [output])]
 
 
 def merge_outputs(outputs: list[EngineOutput]) -> list[EngineOutput]:

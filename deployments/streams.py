@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from deployments.openai.errors import APIError
-from deployments.openai.logprobs import LogprobEntry
+from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from detok import DetokState
 
 
@@ -19,6 +19,8 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: PromptLogprobEntries | None = None
+    """With the choice's first delta, when the request scores its prompt."""
 
 
 class Mailbox:
@@ -44,6 +46,7 @@ class Mailbox:
         finish_reason: str | None,
         stop_reason: int | str | None,
         logprobs: list[LogprobEntry] | None,
+        prompt_logprobs: PromptLogprobEntries | None = None,
     ) -> None:
         delta = self.pending.get(index)
         if delta is None:
@@ -52,6 +55,8 @@ class Mailbox:
         delta.token_ids += token_ids  # copies: the engine's list is not kept
         if logprobs is not None:
             delta.logprobs = (delta.logprobs or []) + logprobs
+        if prompt_logprobs is not None:
+            delta.prompt_logprobs = prompt_logprobs
         delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
         if finish_reason is not None or len(delta.token_ids) >= self.stream_interval or index not in self.started:
             self.ready.set()
@@ -73,8 +78,8 @@ class Mailbox:
 
 @dataclass
 class ChoiceStream:
-    """One engine request: choice ``index`` of an HTTP request, routed to ``engine_index``;
-    ``incarnation``: the engine's, once the add has been answered."""
+    """One choice (``index``) of an HTTP request, routed to ``engine_index``: an engine request, or a
+    beam of one (``search_id``); ``incarnation``: the engine's, once the add has been answered."""
 
     request_id: str
     index: int
@@ -85,3 +90,10 @@ class ChoiceStream:
     incarnation: int | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    search_id: str | None = None
+    """The beam search this choice is a beam of, one engine request for all its beams; None: its own request."""
+
+    @property
+    def engine_request_id(self) -> str:
+        """The engine request to abort when the choice is no longer wanted."""
+        return self.search_id or self.request_id

@@ -1,4 +1,5 @@
-"""Each sequence's KV block table, grown as its tokens are scheduled, and its use of the prefix cache."""
+"""Each sequence's KV block table, grown as its tokens are scheduled, its use of the prefix cache,
+and forks that share a parent's blocks copy-on-write (beam search)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,24 @@ class PrefixCacheStats:
     hit_tokens: int = 0
 
 
+BlockCopy = tuple[int, int]
+"""(source block, destination block): the destination must get the source's keys and values."""
+
+
 class BlockManager:
-    """Hands blocks of a `BlockPool` to sequences (`Request.kv`) and finds their cached prefixes."""
+    """Hands blocks of a `BlockPool` to sequences (`Request.kv`) and finds their cached prefixes.
+
+    A forked sequence lists its parent's blocks, each held once more. The block a sequence
+    next writes into is copied first when another table lists it too (copy-on-write): the
+    copy is queued in ``pending_copies`` for the device to run before the step that writes.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.stats = PrefixCacheStats()
+        self.pending_copies: list[BlockCopy] = []
 
     @property
     def num_blocks(self) -> int:
@@ -49,11 +60,11 @@ class BlockManager:
 
     def match_prefix(self, sequence: Request) -> int:
         """Give a sequence without blocks the cached blocks its known tokens start with, as computed
-        tokens; return how many. The last known token is always left to compute (its logits are needed)."""
+        tokens; return how many. Tokens whose logits are needed are left to compute (`Request.num_cacheable_tokens`)."""
         assert not sequence.kv.block_ids and sequence.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        for block_hash in self._hashes(sequence, (sequence.num_tokens - 1) // self.block_size):
+        for block_hash in self._hashes(sequence, sequence.num_cacheable_tokens // self.block_size):
             block = self.pool.take_cached(block_hash)
             if block is None:
                 break
@@ -63,15 +74,37 @@ class BlockManager:
         return sequence.num_computed_tokens
 
     def reserve(self, sequence: Request, num_positions: int) -> bool:
-        """Make the sequence's table cover ``num_positions``; False (nothing taken) if the pool is short."""
-        missing = self.blocks_for(num_positions) - len(sequence.kv.block_ids)
-        if missing <= 0:
+        """Make the sequence's table cover ``num_positions``, its first block to write unshared;
+        False (nothing taken) if the pool is short."""
+        block_ids = sequence.kv.block_ids
+        missing = max(self.blocks_for(num_positions) - len(block_ids), 0)
+        write_index = sequence.num_computed_tokens // self.block_size
+        shared = write_index < len(block_ids) and self.pool.ref_counts[block_ids[write_index]] > 1
+        if missing + shared == 0:
             return True
         try:
-            sequence.kv.block_ids += self.pool.allocate(missing)
+            new_blocks = self.pool.allocate(missing + shared)
         except PoolExhaustedError:
             return False
+        if shared:
+            copy = new_blocks.pop()
+            self.pending_copies.append((block_ids[write_index], copy))
+            self.pool.release([block_ids[write_index]])
+            block_ids[write_index] = copy
+        block_ids += new_blocks
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give ``child`` (no blocks yet) the parent's blocks and computed tokens, shared copy-on-write."""
+        assert not child.kv.block_ids
+        self.pool.share(parent.kv.block_ids)
+        child.kv = SequenceBlocks(list(parent.kv.block_ids), list(parent.kv.hashes), parent.kv.num_registered)
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def take_copies(self) -> list[BlockCopy]:
+        """The copy-on-write copies queued since the last call, in order."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def register_full_blocks(self, sequence: Request, num_positions: int) -> None:
         """Cache the sequence's full blocks within its first ``num_positions`` (computed, known tokens)."""

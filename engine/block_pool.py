@@ -84,6 +84,12 @@ class BlockPool:
                 else:
                     self.evictable[block] = None
 
+    def share(self, blocks: Iterable[int]) -> None:
+        """Hold each of these held blocks once more (a forked sequence's table lists them too)."""
+        for block in blocks:
+            assert self.ref_counts[block] > 0, f"block {block} shared while not held"
+            self.ref_counts[block] += 1
+
     def take_cached(self, block_hash: BlockHash) -> int | None:
         """The cached block with this hash, now held once more; None on a miss."""
         block = self.cached.get(block_hash)

@@ -45,6 +45,9 @@ class EngineConfig:
 
     ``grammar_cache_size`` compiled structured-output grammars are kept (least recently used dropped).
 
+    On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
+    may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).
+
     ``num_speculative_tokens`` (K) tokens are drafted per step for each decoding
     request by prompt lookup, matching its last ``prompt_lookup_max`` down to
     ``prompt_lookup_min`` tokens; a request may set its own values, 0 turns it off.
@@ -65,8 +68,11 @@ class EngineConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     grammar_cache_size: int = 256
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
         if self.grammar_cache_size < 1:
             raise ValueError(f"grammar_cache_size must be at least 1, got {self.grammar_cache_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

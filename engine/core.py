@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 import torch
 
+from engine.beam_groups import BeamGroups
+from engine.beam_search import check_beam_params
 from engine.block_manager import BlockManager, PrefixCacheStats
 from engine.config import EngineConfig
 from engine.grammar.masks import advance
@@ -14,6 +16,7 @@ from engine.grammar.requests import ConstrainedRequests
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
+from engine.prompt_logprobs import PromptLogprobsState, collect_prompt_logprobs, plan_prompt_rows, take_prompt_logprobs
 from engine.request import EngineOutput, FinishReason, Guidance, Request, RequestError, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
@@ -59,6 +62,7 @@ class EngineCore:
         blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len, blocks)
         self.constrained = ConstrainedRequests(self.tokenizer, checkpoint.config.vocab_size, self.config.grammar_cache_size)
+        self.beams = BeamGroups(self.scheduler, self.runner, self.tokenizer.eos_token_ids, self.max_model_len)
         async_scheduling = self.config.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if async_scheduling is None else async_scheduling
         self.in_flight: InFlightStep | None = None
@@ -87,7 +91,7 @@ class EngineCore:
         return len(self.scheduler.waiting) + len(self.constrained.compiling)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self.pending_outputs) or self.in_flight is not None
+        return bool(self.requests) or bool(self.beams.groups) or bool(self.pending_outputs) or self.in_flight is not None
 
     def num_generated(self, request_id: str) -> int:
         """Tokens generated for a live or recently finished request."""
@@ -109,6 +113,9 @@ class EngineCore:
                 raise InvalidRequestError("bad_words, DRY and negative_prompt need the request's TokenizedStrings (tokenize_strings)")
             strings = TokenizedStrings()
         self._validate(request_id, prompt_token_ids, params, strings)
+        if params.use_beam_search:
+            self.beams.add(request_id, prompt_token_ids, params, self.model_config.vocab_size)
+            return
         try:
             request = self._build(request_id, prompt_token_ids, params, strings)
         except (InvalidRequestError, *ENGINE_FAULTS):
@@ -128,11 +135,19 @@ class EngineCore:
             request.ngram_index = NgramIndex(min_n, max(min_n, params.prompt_lookup_max or self.config.prompt_lookup_max))
         if params.guidance_scale != 1.0:
             request.guidance = self._guidance(request)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = PromptLogprobsState(params.prompt_logprobs)
         return request
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> None:
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        try:
+            check_beam_params(params)
+        except ValueError as error:
+            raise InvalidRequestError(str(error)) from error
+        if params.use_beam_search and params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n: beam search of width {params.n} needs as many sequences; the engine runs {self.config.max_num_seqs}")
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -140,8 +155,6 @@ class EngineCore:
                 f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, "
                 f"so at most {self.max_model_len - 1} prompt tokens leave room for output"
             )
-        if params.prompt_logprobs is not None:
-            raise InvalidRequestError("prompt_logprobs is not supported yet")
         if params.allowed_token_ids is not None and any(len(sequence) > 1 for sequence in strings.bad_words):
             # The sampler would find mid-generation that no token is left, failing the whole step.
             raise InvalidRequestError("allowed_token_ids cannot be combined with bad_words of more than one token")
@@ -187,6 +200,8 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is not None:
                 self.pending_outputs.append(self._finish(request, FinishReason.ABORT, None, new_token_ids=[]))
+            elif request_id in self.beams.groups:
+                self.pending_outputs.append(self.beams.finish(self.beams.groups[request_id], FinishReason.ABORT))
 
     def step(self) -> list[EngineOutput]:
         """Schedule and launch a step; return the outputs of the step whose results are in.
@@ -202,7 +217,9 @@ class EngineCore:
         if not (outputs or self.scheduler.running or self.scheduler.waiting or self.in_flight):
             self.constrained.wait(COMPILE_WAIT_S)
         self._schedule_compiled()
-        synchronous = not self.async_scheduling or any(r.ngram_index is not None or r.grammar is not None for r in self.scheduler.running)
+        self.beams.start_waiting()
+        # Drafting, a grammar's next mask and a beam search's next round need every sampled token on the host.
+        synchronous = not self.async_scheduling or any(r.ngram_index is not None or r.grammar is not None or r.beam is not None for r in self.scheduler.running)
         if synchronous and self.in_flight is not None:
             outputs += self._collect(self.in_flight)
             self.in_flight = None
@@ -211,7 +228,7 @@ class EngineCore:
         self._finish_too_large()
         launched = None
         if step.requests:
-            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step))
+            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step), plan_prompt_rows(step))
             for sequence, chunk in zip(step.requests, step.chunks):
                 sequence.num_computed_tokens += chunk.num_tokens
             for request in step.sampled:
@@ -235,7 +252,12 @@ class EngineCore:
     def _finish_too_large(self) -> None:
         """Requests that grew past what the whole block pool holds end as if at their context length."""
         for request in self.scheduler.too_large:
-            self.pending_outputs.append(self._finish(request, FinishReason.LENGTH, None, new_token_ids=[]))
+            if request.beam is None:
+                self.pending_outputs.append(self._finish(request, FinishReason.LENGTH, None, new_token_ids=[]))
+            elif request.beam.request_id in self.beams.groups:
+                output = self.beams.finish(request.beam, FinishReason.ERROR)
+                output.error = RequestError("a beam grew past what the whole KV cache holds", client_fault=True)
+                self.pending_outputs.append(output)
         self.scheduler.too_large.clear()
 
     def _admit(self, request: Request) -> bool:
@@ -277,15 +299,20 @@ class EngineCore:
     def _collect(self, in_flight: InFlightStep) -> list[EngineOutput]:
         outputs = []
         step = in_flight.step
+        if in_flight.prompt_logprobs is not None:  # before the outputs that carry them
+            collect_prompt_logprobs(in_flight.prompt_logprobs)
         for request, drafts, sampled in zip(step.sampled, step.draft_token_ids, self.runner.collect(in_flight)):
             _add_placeholders(request, -1)
             if request.finished:  # finished or aborted while this step ran
+                continue
+            if request.beam is not None:
+                self.beams.report(request, sampled.candidates)
                 continue
             try:
                 outputs.append(self._accept(request, drafts, sampled))
             except Exception as error:
                 outputs.append(self._fail(request, error))
-        return outputs
+        return outputs + self.beams.advance_reported()
 
     def _accept(self, request: Request, drafts: list[int], sampled: SampledTokens) -> EngineOutput:
         """Take one request's results of a step: its accepted drafts and sampled tokens, up to a stop."""
@@ -306,6 +333,9 @@ class EngineCore:
         """Append the step's tokens up to the first stop; the rest (and their logprobs) are dropped."""
         new_token_ids: list[int] = []
         stop = None
+        if request.params.max_tokens == 0:  # the prompt is scored; the token sampled after it is dropped
+            sampled = SampledTokens([], None)
+            stop = FinishReason.LENGTH, None
         for token_id in sampled.token_ids:
             if token_id < 0:  # the sampler found no token the request's masks allow
                 stop = FinishReason.GRAMMAR_DEAD_END, None
@@ -321,6 +351,7 @@ class EngineCore:
             output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
         else:
             output = self._finish(request, *stop, new_token_ids=new_token_ids)
+        output.prompt_logprobs = take_prompt_logprobs(request)
         num_top = request.params.logprobs
         if sampled.logprobs is not None and num_top is not None:
             kept = sampled.logprobs[: len(new_token_ids)]

@@ -29,6 +29,18 @@ class PagedKVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) block's keys and values in every layer (copy-on-write forks);
+        of copies to one destination (its first taker was freed in the same step), the last counts."""
+        if not copies:
+            return
+        last_source = {destination: source for source, destination in copies}
+        device = self.keys[0].device
+        sources = torch.tensor(list(last_source.values()), dtype=torch.int64).to(device, non_blocking=True)
+        destinations = torch.tensor(list(last_source), dtype=torch.int64).to(device, non_blocking=True)
+        for cache in (*self.keys, *self.values):
+            cache[destinations] = cache[sources]
+
 
 def pool_num_blocks(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
     """Blocks in ``config.kv_cache_memory`` bytes; by default those in `available_memory`, but no more

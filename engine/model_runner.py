@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 
+from engine.beam_groups import beam_rows, candidate_tensors
+from engine.beam_search import Candidates
 from engine.config import EngineConfig
 from engine.grammar.masks import PendingMasks
 from engine.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
+from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
@@ -42,6 +46,7 @@ class InFlightStep:
     token, for the next step's inputs.
     host: pinned host copies being filled: token ids per logits row, then (when the step
     verifies drafts) tokens emitted per request, then logprob fields when asked.
+    prompt_logprobs: the step's prompt logprobs, when its prefill chunks score any.
     """
 
     step: ScheduledStep
@@ -49,6 +54,9 @@ class InFlightStep:
     host: list[torch.Tensor]
     done: torch.cuda.Event | None
     verifies_drafts: bool
+    prompt_logprobs: PromptLogprobsInFlight | None = None
+    beam_host: list[torch.Tensor] = field(default_factory=list)
+    """Pinned host copies of the beam rows' candidates (`candidate_tensors`), when the step has any."""
 
 
 @dataclass
@@ -58,11 +66,15 @@ class SampledTokens:
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
+    candidates: Candidates | None = None
+    """A beam-search sequence's next-token candidates (its sampled token is not used)."""
 
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, eos_token_ids: tuple[int, ...]) -> None:
         self.device, self.dtype = resolve_device(config)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads or len(os.sched_getaffinity(0)))
         torch.manual_seed(config.seed)
         model = LlamaForCausalLM(checkpoint.config, max_positions=config.max_model_len)
         model.load_weights(checkpoint.weights)
@@ -78,12 +90,14 @@ class ModelRunner:
         self.pinned = self.device.type == "cuda"
         # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda"
-        logger.info("model on %s as %s", self.device, self.dtype)
+        logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
     @torch.inference_mode()
-    def launch(self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None) -> InFlightStep:
+    def launch(
+        self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None, prompt_rows: PromptRows | None = None
+    ) -> InFlightStep:
         """Enqueue the step: forward, lm_head on the needed rows, guidance, sampler (or
-        verification of drafts), and the copies to the host.
+        verification of drafts), and the copies to the host; prompt logprobs of ``prompt_rows``.
 
         ``masks``: the grammar bitmasks of the step's constrained requests, filling on a worker
         while the forward pass is enqueued (on the CPU: while it runs); waited for before the sampler.
@@ -91,6 +105,7 @@ class ModelRunner:
         Decode inputs still unknown on the host (``step.placeholder_inputs``) are taken on the
         device from ``previous``'s sampled ids, so nothing waits for the previous step.
         """
+        self.kv_cache.copy_blocks(step.block_copies)
         input_ids = self._to_device(step.input_ids)
         if step.placeholder_inputs:
             assert previous is not None and previous.last_token_ids is not None
@@ -101,8 +116,9 @@ class ModelRunner:
         meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
         hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         verifies_drafts = any(step.draft_token_ids)
+        prompt = None if prompt_rows is None else launch_prompt_logprobs(prompt_rows, hidden, self.model.compute_logits, self.pinned)
         if not step.sampled:
-            return InFlightStep(step, None, [], None, verifies_drafts)
+            return InFlightStep(step, None, [], None, verifies_drafts, prompt)
         rows = self._to_device([r.slot for r in step.sampled])
         if verifies_drafts:
             logits = self._guided_logits(step, hidden)
@@ -119,13 +135,22 @@ class ModelRunner:
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
-        host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values]
-        for buffer, value in zip(host, values):
+        beams = self._beam_candidates(step, hidden)
+        host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values + beams]
+        for buffer, value in zip(host, values + beams):
             buffer.copy_(value, non_blocking=self.pinned)
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, last_token_ids, host, done, verifies_drafts)
+        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, beam_host=host[len(values) :])
+
+    def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""
+        rows = beam_rows(step)
+        if not rows:
+            return []
+        logits = self.model.compute_logits(hidden[self._to_device([index for index, _ in rows])])
+        return candidate_tensors(logits, [group for _, group in rows])
 
     def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor, masks: PendingMasks | None) -> SamplerOutput:
         """One token per sampled request: the lm_head's argmax when the batch needs nothing else
@@ -170,10 +195,12 @@ class ModelRunner:
         num_rows = [len(drafts) + 1 for drafts in in_flight.step.draft_token_ids]
         num_emitted = fields.pop(0) if in_flight.verifies_drafts else num_rows
         logprobs = [TokenLogprobs(*entry) for entry in zip(*fields)] if fields else None
+        beams = iter(Candidates(*row) for row in zip(*(buffer.tolist() for buffer in in_flight.beam_host)))
         sampled, first_row = [], 0
-        for rows, emitted in zip(num_rows, num_emitted):
+        for request, rows, emitted in zip(in_flight.step.sampled, num_rows, num_emitted):
             emitted_rows = slice(first_row, first_row + emitted)
-            sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None))
+            candidates = next(beams) if request.beam is not None else None
+            sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None, candidates))
             first_row += rows
         return sampled
 

@@ -15,6 +15,10 @@ from sampling.tokenized import TokenizedStrings
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
+    from engine.beam_groups import BeamGroup
+    from engine.beam_search import Hypothesis
+    from engine.prompt_logprobs import PromptLogprobs, PromptLogprobsState
+
 
 class FinishReason(str, Enum):
     STOP = "stop"
@@ -53,6 +57,10 @@ class Request:
     """The grammar compiling on the worker; the request is queued for scheduling when it is done."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    beam: BeamGroup | None = None
+    """Set on each sequence of a beam search: the search it runs a beam of."""
+    prompt_logprobs: PromptLogprobsState | None = None
+    """Set when the request asked for prompt logprobs (never on a guidance companion)."""
     stop_token_ids: frozenset[int] = field(init=False)
     """``params.stop_token_ids`` as a set, built once: checked after every token."""
 
@@ -80,6 +88,16 @@ class Request:
     def sequences(self) -> list[Request]:
         """The request, then its guidance companion if it has one: the sequences that hold a slot and blocks for it."""
         return [self] if self.guidance is None else [self, self.guidance.companion]
+
+    @property
+    def num_cacheable_tokens(self) -> int:
+        """Leading known tokens the prefix cache may supply: all but the last, whose logits are
+        needed, and none past the first prompt position whose logits still score a prompt token."""
+        limit = self.num_tokens - 1
+        scoring = self.prompt_logprobs
+        if scoring is not None and scoring.num_scored_positions < len(self.prompt_token_ids) - 1:
+            limit = min(limit, scoring.num_scored_positions)
+        return limit
 
     def room_to_grow(self, max_model_len: int) -> int:
         """How many more tokens may still be generated, counting those in flight."""
@@ -143,12 +161,16 @@ class EngineOutput:
     stop_reason: int | None = None
     logprobs: list[TokenLogprobs] | None = None
     """One entry per new token when the request asked for logprobs."""
+    prompt_logprobs: PromptLogprobs | None = None
+    """On the request's first output, when it asked for prompt logprobs."""
     num_draft_tokens: int = 0
     """Tokens drafted for the request in the step(s) of this output."""
     num_accepted_tokens: int = 0
     """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
     error: RequestError | None = None
     """Set with ``finish_reason`` ERROR."""
+    beams: list[Hypothesis] | None = None
+    """A beam search's final output: its ``n`` best beams, best first (`beam_choice_outputs`)."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockCopy, BlockManager
 from engine.models.attention_metadata import ScheduledChunk
 from engine.request import Request
 
@@ -39,6 +39,8 @@ class ScheduledStep:
     companion_logits_indices: list[int] = field(default_factory=list)
     guidance_scales: list[float] = field(default_factory=list)
     placeholder_inputs: list[tuple[int, Request]] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    """Copy-on-write copies of KV blocks to run before the step's forward pass."""
 
 
 class Scheduler:
@@ -50,10 +52,11 @@ class Scheduler:
     request with guidance holds two rows and two block tables, and its companion completes
     its sequence in the same step as the request, never in another.
 
-    Blocks are reserved for the positions a step computes. When the pool runs short, the
-    youngest running request not yet in the step (younger than the one that needs blocks)
-    is preempted: its blocks are released and it goes back to the head of the queue,
-    keeping its sampling row, to recompute its prompt and output so far. With none left,
+    Blocks are reserved for the positions a step computes. When the pool runs short, a running
+    sequence with nothing to compute (a beam whose search waits for its other beams) is
+    preempted first, whoever needs the blocks; then the youngest running request not yet in
+    the step (younger than the one that needs blocks) is: its blocks are released and it goes
+    back to the head of the queue, keeping its sampling row, to recompute its prompt and output so far. With none left,
     the request that needs blocks is preempted itself, or, when it needs more blocks than
     the whole pool holds, listed in ``too_large`` for the engine to finish.
     """
@@ -95,10 +98,11 @@ class Scheduler:
         prefilling = [r for r in self.running if _num_remaining(r) > 1]
         for request in decoding + prefilling:
             if budget == 0:
-                return step
+                break
             if id(request) not in self._preempted_this_step:
                 budget -= self._schedule_request(step, request, budget, may_preempt=True) or 0
         self._schedule_waiting(step, admit, budget)
+        step.block_copies = self.blocks.take_copies()
         return step
 
     def _schedule_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int) -> None:
@@ -169,9 +173,10 @@ class Scheduler:
     def _reserve(self, step: ScheduledStep, request: Request, plan: list[tuple[Request, int, list[int]]], may_preempt: bool) -> bool:
         """Blocks for the planned chunks, preempting younger requests if allowed; False if they could not be had."""
         while not all(self.blocks.reserve(h, h.num_computed_tokens + n + len(d)) for h, n, d in plan if n > 0):
-            if not may_preempt:
+            victim = self._idle(step)
+            if victim is None and not may_preempt:
                 return False
-            victim = self._youngest_unscheduled(step, request)
+            victim = victim or self._youngest_unscheduled(step, request)
             if victim is not None:
                 self._preempt(victim)
                 continue
@@ -182,6 +187,15 @@ class Scheduler:
                 self._preempt(request)
             return False
         return True
+
+    def _idle(self, step: ScheduledStep) -> Request | None:
+        """The youngest running sequence with nothing to compute (a beam waiting for the other beams
+        of its search): its blocks go first, to anyone, or the search could wait for itself."""
+        scheduled = {id(sequence) for sequence in step.requests}
+        for candidate in reversed(self.running):
+            if _num_remaining(candidate) == 0 and not candidate.num_placeholders and id(candidate) not in scheduled:
+                return candidate
+        return None
 
     def _youngest_unscheduled(self, step: ScheduledStep, request: Request) -> Request | None:
         """The youngest running request younger than ``request`` with nothing in the step yet."""

@@ -12,6 +12,8 @@ message names the field. Token ids can only be checked against a vocabulary, so
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sampling.structured_outputs import StructuredOutputs
@@ -72,10 +74,14 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    max_tokens: int | None = Field(16, ge=1, description="None: until the context is full.")
+    max_tokens: int | None = Field(
+        16, ge=0, description="None: until the context is full; 0: nothing generated (the prompt is only scored, see prompt_logprobs)."
+    )
     min_tokens: int = Field(0, ge=0, le=MAX_INT64)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Logprob of every prompt token after the first, with this many top alternatives."
+    )
     logit_bias: dict[int, float] = Field(default_factory=dict)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = Field(default_factory=list, max_length=MAX_BAD_WORDS)
@@ -90,6 +96,11 @@ class SamplingParams(BaseModel):
     guidance_scale: float = _finite(default=1.0, ge=-100.0, le=100.0, description="Classifier-free guidance; 1 disables.")
     negative_prompt: str | None = Field(None, description="The unconditional prompt of guidance; None: the bare BOS token.")
     structured_outputs: StructuredOutputs | None = Field(None, description="A JSON schema, regex, choice or grammar the output must match.")
+    use_beam_search: bool = Field(False, description="Beam search of width n, returning the n best beams (vLLM's extra field).")
+    length_penalty: float = _finite(default=1.0, description="Beam score: cumulative logprob / length ** length_penalty.")
+    early_stopping: bool | Literal["never"] = Field(
+        False, description="When beam search stops: True at n finished beams; False by a heuristic; 'never' when no beam can do better."
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

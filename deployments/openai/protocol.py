@@ -78,6 +78,18 @@ class _Request(BaseModel):
         return "structured_outputs" if self.response_format is None or isinstance(self.response_format, TextFormat) else "response_format"
 
     @property
+    def asked_prompt_logprobs(self) -> int | None:
+        """vLLM's ``prompt_logprobs`` as the client gave it (checked when the sampling parameters are built)."""
+        return (self.model_extra or {}).get("prompt_logprobs")
+
+    def _check_scoring(self, max_tokens: int | None, echo: bool) -> None:
+        """``prompt_logprobs`` comes whole, never streamed (as in vLLM); ``max_tokens`` 0 only scores a prompt."""
+        if self.stream and self.asked_prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs is not available with stream (as in vLLM)", param="prompt_logprobs")
+        if max_tokens == 0 and not echo and self.asked_prompt_logprobs is None:
+            raise APIError(400, "max_tokens: 0 generates nothing; it is for scoring a prompt with echo or prompt_logprobs", param="max_tokens")
+
+    @property
     def stream_usage(self) -> StreamUsage:
         """As vLLM: ``continuous_usage_stats`` counts only with ``include_usage``."""
         options = self.stream_options or StreamOptions()
@@ -121,8 +133,18 @@ class CompletionRequest(_Request):
             raise APIError(400, "best_of other than n is not supported (nor in vLLM): ask for n choices and rank them", param="best_of")
         return self
 
+    @property
+    def echo_logprobs(self) -> int | None:
+        """With echo, the prompt tokens' logprobs come first in ``logprobs``, with this many alternatives."""
+        return self.logprobs if self.echo else None
+
     def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(max_tokens=self.max_tokens, logprobs=self.logprobs)
+        """With echo and logprobs, the engine scores the prompt with the larger of the two top-N counts."""
+        self._check_scoring(self.max_tokens, self.echo)
+        params = self._sampling_params(max_tokens=self.max_tokens, logprobs=self.logprobs)
+        if self.echo_logprobs is not None:
+            params = params.model_copy(update={"prompt_logprobs": max(params.prompt_logprobs or 0, self.echo_logprobs)})
+        return params
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, each text or token ids."""
@@ -202,6 +224,7 @@ class ChatCompletionRequest(_Request):
             raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        self._check_scoring(max_tokens, echo=False)
         params = self._sampling_params(logprobs=logprobs, max_tokens=max_tokens)
         if max_tokens is None:  # chat: until the context is full unless limited
             params = params.model_copy(update={"max_tokens": None})

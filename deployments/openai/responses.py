@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 
-from deployments.openai.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
+from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries, chat_logprobs, completion_logprobs, echo_entries, vllm_prompt_logprobs
 from deployments.openai.tool_calls import ToolCallOutput
 from deployments.openai.tools import ToolCall
 
@@ -24,17 +24,29 @@ def sse(payload: dict[str, object]) -> str:
 @dataclass(frozen=True)
 class ResponseFormat:
     """How one request's choices are written: ``chat`` or plain completions; with ``tool_calls``,
-    how a chat's text is read for tool calls."""
+    how a chat's text is read for tool calls; with ``prompt_logprobs``, vLLM's field of that name
+    (on each completion choice, once on a chat response) with that many alternatives; with
+    ``echo_logprobs``, an echo's ``logprobs`` start with the prompt's tokens, with that many."""
 
     request_id: str
     model: str
     chat: bool
     created: int
     tool_calls: ToolCallOutput | None = None
+    prompt_logprobs: int | None = None
+    echo_logprobs: int | None = None
 
     @classmethod
-    def new(cls, request_id: str, model: str, chat: bool, tool_calls: ToolCallOutput | None = None) -> ResponseFormat:
-        return cls(request_id, model, chat, int(time.time()), tool_calls)
+    def new(
+        cls,
+        request_id: str,
+        model: str,
+        chat: bool,
+        tool_calls: ToolCallOutput | None = None,
+        prompt_logprobs: int | None = None,
+        echo_logprobs: int | None = None,
+    ) -> ResponseFormat:
+        return cls(request_id, model, chat, int(time.time()), tool_calls, prompt_logprobs, echo_logprobs)
 
     def _envelope(self, obj: str, choices: list[dict[str, object]]) -> dict[str, object]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -77,6 +89,21 @@ class ResponseFormat:
         if entries is None:
             return None
         return chat_logprobs(entries) if self.chat else completion_logprobs(entries, text_offset)
+
+    def echo_logprobs_field(self, generated: list[LogprobEntry] | None, prompt: PromptLogprobEntries) -> dict[str, object]:
+        """An echo's ``logprobs``: the prompt's tokens (the first with none), then the generated ones."""
+        assert self.echo_logprobs is not None
+        return completion_logprobs(echo_entries(prompt, self.echo_logprobs) + (generated or []), 0)
+
+    def add_prompt_logprobs(self, body: dict[str, object], prompts: list[PromptLogprobEntries | None]) -> dict[str, object]:
+        """``body`` (a whole response) with vLLM's ``prompt_logprobs``, when asked: per choice, in order."""
+        if self.prompt_logprobs is None:
+            return body
+        fields = [None if p is None else vllm_prompt_logprobs(p, self.prompt_logprobs) for p in prompts]
+        if self.chat:
+            return body | {"prompt_logprobs": fields[0]}
+        choices: list[dict[str, object]] = body["choices"]  # type: ignore[assignment]
+        return body | {"choices": [choice | {"prompt_logprobs": field} for choice, field in zip(choices, fields)]}
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
         return self.chunk([]) | {"usage": usage}

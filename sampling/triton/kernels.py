@@ -89,7 +89,9 @@ def _row_max(logits_ptr, row_off, row_mask, V, BLOCK_R: tl.constexpr, BLOCK_V: t
         mask = row_mask[:, None] & (cols < V)[None, :]
         x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
         m = tl.maximum(m, tl.max(x, axis=1))
-    return tl.where(m == float("-inf"), 0.0, m)
+    # A row of -inf only gets any finite max. One use of the loop's result, not tl.where's two:
+    # Triton 3.6's thread-locality pass asserts on a loop-carried reduction used twice.
+    return tl.maximum(m, LOWEST)
 
 
 @triton.jit

@@ -39,8 +39,8 @@ def test_cluster_yaml_starts_the_app():
 def test_serving_is_loopback_unless_configured():
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     assert config["http_options"]["host"] == "127.0.0.1"
-    run = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "serve run" in line)
-    assert "RAY_SERVE_DEFAULT_HTTP_HOST=$(HOST)" in run and "HOST ?= 127.0.0.1" in (ROOT / "Makefile").read_text()
+    run = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "deployments.launch" in line)
+    assert "--host $(HOST)" in run and "HOST ?= 127.0.0.1" in (ROOT / "Makefile").read_text()
 
 
 def test_cluster_yaml_sets_the_api_key_from_a_file_outside_the_repository():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given
 from hypothesis import strategies as st
 from ray.serve.config import AutoscalingContext
 
-from deployments.detok_pool import FANOUT_METRIC, Detokenizer, fanout_autoscaling_policy, split_by_tokens
+from deployments.detok_pool import FANOUT_METRIC, DetokClient, Detokenizer, fanout_autoscaling_policy, split_by_tokens
 from detok import DetokItem, initial_state
+from detok.batch import detokenize_batch
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from sampling.params import SamplingParams
 
@@ -71,3 +74,28 @@ def test_replica_reports_the_widest_fanout_since_its_last_report():
     replica.detokenize(items([1]), fanout=2)
     assert replica.record_autoscaling_stats() == {FANOUT_METRIC: 3}
     assert replica.record_autoscaling_stats() == {FANOUT_METRIC: 0}
+
+
+class CountingPool:
+    """A pool handle whose calls run in-process and are counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.detokenize = self
+
+    def remote(self, part: list[DetokItem], fanout: int):
+        self.calls += 1
+
+        async def answer():
+            return detokenize_batch(TOKENIZER, part)
+
+        return answer()
+
+
+def test_a_prompts_logprob_strings_go_to_the_pool_not_the_ingress_loop():
+    pool = CountingPool()
+    client = DetokClient(TOKENIZER, pool, inline_threshold=8, tokens_per_call=256)
+    asyncio.run(client.detokenize([DetokItem(STATE, [], True, list(range(100, 200)))]))  # no new token, 100 strings
+    assert (pool.calls, client.inline_batches) == (1, 0)
+    asyncio.run(client.detokenize([DetokItem(STATE, [101], False, [101, 102])]))
+    assert (pool.calls, client.inline_batches) == (1, 1)

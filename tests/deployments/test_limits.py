@@ -28,6 +28,7 @@ LIMITS = RequestLimits(
     max_echo_choices=2,
     max_choices_in_flight=10,
     max_tools=2,
+    max_beam_width=3,
 )
 
 # (request field, limit key, params at the limit, params just over it, choices)
@@ -45,6 +46,7 @@ SAMPLING_CASES = [
     ("negative_prompt", "max_negative_prompt_bytes", {"negative_prompt": "x" * 10}, {"negative_prompt": "x" * 11}, 1),
     ("logprobs", "max_logprob_entries", {"logprobs": 5, "n": 2}, {"logprobs": 4, "n": 3}, None),
     ("num_speculative_tokens", "max_client_speculative_tokens", {"num_speculative_tokens": 2}, {"num_speculative_tokens": 3}, 1),
+    ("n", "max_beam_width", {"n": 3, "use_beam_search": True}, {"n": 4, "use_beam_search": True}, None),
 ]
 
 
@@ -129,3 +131,18 @@ def test_one_request_cannot_fill_the_waiting_queue():
     ServeArgs(max_choices_per_request=64, max_waiting_requests=256)
     with pytest.raises(ValidationError, match="max_choices_per_request"):
         ServeArgs(max_choices_per_request=65, max_waiting_requests=256)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"use_beam_search": True, "n": 2, "top_k": 5}, "top_k"),
+        ({"use_beam_search": True, "n": 2, "repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"length_penalty": 0.5}, "length_penalty"),
+        ({"early_stopping": "never"}, "early_stopping"),
+    ],
+)
+def test_a_field_that_conflicts_with_beam_search_is_a_400_naming_it(fields, param):
+    with pytest.raises(APIError) as refused:
+        check_sampling(LIMITS, SamplingParams(**fields), 2, server_speculative_tokens=0)
+    assert refused.value.status == 400 and refused.value.param == param and refused.value.message.startswith(f"{param}: ")

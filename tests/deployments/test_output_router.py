@@ -9,9 +9,10 @@ import pytest
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
 from deployments.metrics import IngressMetrics
-from deployments.output_router import OutputRouter, merge_outputs
+from deployments.output_router import OutputRouter, expand_beams, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
+from engine.beam_search import Hypothesis
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from engine.request import EngineOutput, FinishReason, RequestError
 from sampling.params import SamplingParams
@@ -34,6 +35,19 @@ def test_merge_outputs_keeps_order_and_the_last_finish():
         ("b", [2], None),
     ]
     assert outputs[0].new_token_ids == [1]  # the engine's outputs are not modified
+
+
+def test_a_beam_search_output_becomes_one_finished_output_per_beam():
+    beams = [Hypothesis((5, 6), -1.5, (), FinishReason.LENGTH), Hypothesis((7, 2), -2.0, (), FinishReason.STOP)]
+    other = EngineOutput("x", [9], 3)
+    expanded = expand_beams([other, EngineOutput("s", [], 3, FinishReason.STOP, beams=beams)])
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in expanded] == [
+        ("x", [9], None),
+        ("s/beam0", [5, 6], FinishReason.LENGTH),
+        ("s/beam1", [7, 2], FinishReason.STOP),
+    ]
+    failed = EngineOutput("s", [], 3, FinishReason.ERROR, error=RequestError("broke", False), beams=[Hypothesis((), 0.0, (), FinishReason.ERROR)] * 2)
+    assert all(o.error is not None and o.finish_reason == FinishReason.ERROR for o in expand_beams([failed]))
 
 
 class ScriptedEngine:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -11,9 +10,10 @@ import openai
 import pytest
 import ray
 
-from bench.serve_cluster import ServeCluster
+from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.launch import wait_until_healthy
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
@@ -23,6 +23,9 @@ STARTUP_TIMEOUT_S = 300
 @dataclass
 class Server:
     base_url: str
+    """Serve's port, where ``make run`` serves: HAProxy in front of the ingress replica."""
+    direct_url: str
+    """The ingress replica's own port (direct ingress)."""
     model: str
     api_key: str
 
@@ -42,9 +45,10 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """Under Serve's throughput-optimized option, as README recommends: the ingress replica
-    serves HTTP itself on loopback (direct ingress), and the tests talk to it there."""
-    with ServeCluster("throughput_optimized") as cluster:
+    """Served as ``make run`` serves (`deployments.launch`): HAProxy on Serve's port in front of
+    the throughput-optimized ingress replica, which serves HTTP itself (direct ingress); the
+    tests talk to Serve's port, on loopback."""
+    with ServeCluster(DEFAULT_PROXY) as cluster:
         app = build_app(
             {
                 "model": MODEL,
@@ -59,14 +63,6 @@ def server() -> Iterator[Server]:
         )
         port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
         base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=60).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            raise RuntimeError("the Serve app did not become healthy")
-        yield Server(base_url=base_url, model=MODEL, api_key=API_KEY)
+        direct_url = f"http://127.0.0.1:{cluster.direct_port('spout')}"
+        wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
+        yield Server(base_url=base_url, direct_url=direct_url, model=MODEL, api_key=API_KEY)

@@ -27,7 +27,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def alone(smollm_checkpoint) -> dict[str, list[int]]:
-    engine = EngineCore(EngineConfig(max_num_seqs=1, max_model_len=256), smollm_checkpoint)
+    engine = EngineCore(EngineConfig(max_num_seqs=1, max_model_len=256, dtype="float32"), smollm_checkpoint)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     return {prompt: generate(engine, engine.tokenizer.encode(prompt), params) for prompt in PROMPTS}
 
@@ -41,7 +41,7 @@ def test_prompts_differ_in_length(smollm_checkpoint):
 def test_batched_with_chunked_prefill_and_mid_flight_joins_matches_alone(smollm_checkpoint, alone, async_scheduling):
     # 5 slots for 8 requests (3 wait for a free slot), and a token budget of 8 per
     # step, so long prompts are prefilled in chunks alongside other requests' decodes.
-    config = EngineConfig(max_num_seqs=5, max_model_len=256, max_num_batched_tokens=8, async_scheduling=async_scheduling)
+    config = EngineConfig(max_num_seqs=5, max_model_len=256, max_num_batched_tokens=8, async_scheduling=async_scheduling, dtype="float32")
     engine = EngineCore(config, smollm_checkpoint)
     steps: list[ScheduledStep] = []
     schedule = engine.scheduler.schedule

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
@@ -19,7 +21,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 def make_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
-    config = EngineConfig(model="tiny-random", **{"max_num_seqs": 4, "max_model_len": 64, **overrides})
+    """Synchronous steps (what these tests pin, step by step) also on CUDA, where async scheduling is the default;
+    `test_async_scheduling_gives_the_same_outputs` checks the async engine against them."""
+    config = EngineConfig(model="tiny-random", **{"max_num_seqs": 4, "max_model_len": 64, "async_scheduling": False, **overrides})
     return EngineCore(config, checkpoint)
 
 
@@ -48,7 +52,6 @@ def first_new_token(tokens: list[int]) -> tuple[int, int]:
         ([5, -1], GREEDY, "outside the vocabulary"),
         (PROMPT, SamplingParams(stop_token_ids=[60000]), "stop_token_ids"),
         (PROMPT, SamplingParams(logit_bias={99999: 1.0}), "logit_bias"),
-        (PROMPT, SamplingParams(prompt_logprobs=1), "prompt_logprobs"),
         (PROMPT, SamplingParams(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=2), "allowed_token_ids"),
         (PROMPT, SamplingParams(allowed_token_ids=[7, 8], bad_words=["hello world"]), "bad_words"),
     ],
@@ -239,3 +242,16 @@ def test_the_engine_never_tokenizes(tiny_checkpoint, monkeypatch):
         engine.add_request("untokenized", PROMPT, params)
     engine.add_request("a", PROMPT, params, strings)
     assert run_until_done(engine)["a"][-1].finish_reason == FinishReason.LENGTH
+
+
+def test_a_cpu_engine_computes_on_every_core_unless_told(tiny_checkpoint):
+    """A Ray actor starts with OMP_NUM_THREADS equal to its reserved CPUs (one for the engine): the engine sets its own."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        make_engine(tiny_checkpoint)
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+        make_engine(tiny_checkpoint, cpu_threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -137,7 +137,7 @@ def test_logits_match_transformers_on_the_same_weights(tiny_gguf):
     )
     reference = transformers.LlamaForCausalLM(config).eval()
     reference.model.load_state_dict({name: torch.from_numpy(value) for name, value in expected.items()})
-    engine = EngineCore(EngineConfig(model=str(path), max_num_seqs=1, max_model_len=128))
+    engine = EngineCore(EngineConfig(model=str(path), max_num_seqs=1, max_model_len=128, dtype="float32"))
     ids = list(range(1000, 1040))
     runner = engine.runner
     meta = build_attention_metadata(

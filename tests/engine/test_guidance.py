@@ -28,7 +28,7 @@ class RecordingSampler:
 
 
 def tiny_engine(tiny_checkpoint, **overrides) -> EngineCore:
-    settings = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 64, "max_num_batched_tokens": 64} | overrides
+    settings = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 64, "max_num_batched_tokens": 64, "dtype": "float32"} | overrides
     return EngineCore(EngineConfig(**settings), checkpoint=tiny_checkpoint)
 
 

@@ -67,7 +67,7 @@ def test_hf_folder_logits_match_transformers(tmp_path, tiny_checkpoint, name):
     if name == "llama":
         assert (folder / "model.safetensors.index.json").exists()
     checkpoint = load_checkpoint(str(folder))
-    engine = EngineCore(EngineConfig(model=str(folder), max_num_seqs=2, max_model_len=1024), checkpoint)
+    engine = EngineCore(EngineConfig(model=str(folder), max_num_seqs=2, max_model_len=1024, dtype="float32"), checkpoint)
     ids = list(range(100, 400))  # past the yarn/llama3 original context, so scaling matters
     runner = engine.runner
     meta = build_attention_metadata(

@@ -36,7 +36,7 @@ def pool_bytes(checkpoint: Checkpoint, num_blocks: int) -> int:
 
 
 def tiny_engine(checkpoint: Checkpoint, **overrides) -> EngineCore:
-    config = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 128, "max_num_batched_tokens": 64} | overrides
+    config = {"model": "tiny-random", "max_num_seqs": 4, "max_model_len": 128, "max_num_batched_tokens": 64, "dtype": "float32"} | overrides
     return EngineCore(EngineConfig(**config), checkpoint)
 
 
@@ -45,9 +45,9 @@ def count_computed_tokens(engine: EngineCore) -> list[int]:
     counted = [0]
     launch = engine.runner.launch
 
-    def counting_launch(step, previous, masks=None):
+    def counting_launch(step, *args):
         counted[0] += len(step.input_ids)
-        return launch(step, previous, masks)
+        return launch(step, *args)
 
     engine.runner.launch = counting_launch  # type: ignore[method-assign]
     return counted

@@ -35,7 +35,7 @@ def reference_model() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def engine(smollm_checkpoint) -> EngineCore:
-    return EngineCore(EngineConfig(max_num_seqs=1, max_model_len=512), smollm_checkpoint)
+    return EngineCore(EngineConfig(max_num_seqs=1, max_model_len=512, dtype="float32"), smollm_checkpoint)
 
 
 def our_last_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:

@@ -34,9 +34,13 @@ def char_encode(vocab: int) -> Encode:
     return encode
 
 
-def batch_of(params: list[SamplingParams], vocab: int, prompt: list[int] | None = None, **kwargs) -> SamplingBatch:
-    """A CPU batch with one row per params entry, rows 0..n-1."""
-    batch = SamplingBatch(len(params), vocab, 64, "cpu", **kwargs)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+"""Where tests that run both sampling paths put their tensors: the Triton path runs natively on CUDA, interpreted on the CPU."""
+
+
+def batch_of(params: list[SamplingParams], vocab: int, prompt: list[int] | None = None, device: str = "cpu", **kwargs) -> SamplingBatch:
+    """A batch on ``device`` with one row per params entry, rows 0..n-1."""
+    batch = SamplingBatch(len(params), vocab, 64, device, **kwargs)
     for row, p in enumerate(params):
         batch.add_request(row, p, prompt or [0], tokenize_strings(p, char_encode(vocab)))
     return batch

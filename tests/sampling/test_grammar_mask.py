@@ -16,6 +16,7 @@ from sampling.sampler import Sampler
 
 VOCAB = 100  # not a multiple of 32: the last word's high bits lie past the vocabulary
 PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton path runs natively there, interpreted here
 
 
 def reference_mask(logits: np.ndarray, bitmask: np.ndarray, rows: list[int]) -> np.ndarray:
@@ -55,7 +56,7 @@ def bitmask_allowing(allowed: list[list[int]], vocab: int = VOCAB) -> torch.Tens
 
 
 def constrained_batch(temperatures: list[float]) -> SamplingBatch:
-    batch = SamplingBatch(len(temperatures), VOCAB, 64, "cpu")
+    batch = SamplingBatch(len(temperatures), VOCAB, 64, DEVICE)
     for row, temperature in enumerate(temperatures):
         batch.add_request(row, SamplingParams(temperature=temperature, seed=row, structured_outputs={"regex": "a"}), [1])
     return batch
@@ -65,10 +66,10 @@ def constrained_batch(temperatures: list[float]) -> SamplingBatch:
 def test_sampled_tokens_stay_in_the_allowed_set_and_a_dead_row_emits_nothing(use_triton):
     allowed = [[3, 50, 99], [7], [], [1, 2, 3, 4, 5]]
     batch = constrained_batch([1.0, 1.0, 1.0, 0.0])
-    grammar = GrammarMask(bitmask_allowing(allowed), torch.arange(4))
+    grammar = GrammarMask(bitmask_allowing(allowed).to(DEVICE), torch.arange(4, device=DEVICE))
     for _ in range(20):
         before = batch.output_pos.clone()
-        out = Sampler(use_triton=use_triton)(torch.randn(4, VOCAB), torch.arange(4), batch, grammar)
+        out = Sampler(use_triton=use_triton)(torch.randn(4, VOCAB, device=DEVICE), torch.arange(4, device=DEVICE), batch, grammar)
         tokens = out.sampled_token_ids.tolist()
         assert tokens[0] in allowed[0] and tokens[1] == 7 and tokens[2] == -1 and tokens[3] in allowed[3]
         assert (batch.output_pos - before).tolist() == [1, 1, 0, 1]
@@ -80,11 +81,12 @@ def test_verification_rows_use_their_own_masks_and_a_dead_row_ends_the_request(u
     """Two requests of two rows: the first's draft is allowed at row 0, its row 1 is dead; the second's
     draft is forbidden, and its row 0 allows only 11 (the row's draw), its row 1 only 13."""
     batch = constrained_batch([temperature, temperature])
-    logits = torch.zeros(4, VOCAB)
+    logits = torch.zeros(4, VOCAB, device=DEVICE)
     logits[:, 10] = 5.0  # the unconstrained argmax
-    grammar = GrammarMask(bitmask_allowing([[10], [], [11], [13]]), torch.arange(4))
-    drafts = torch.tensor([10, -1, 10, -1])
-    out = Sampler(use_triton=use_triton).verify(logits, torch.tensor([0, 1]), drafts, torch.tensor([0, 2, 4]), batch, grammar)
+    grammar = GrammarMask(bitmask_allowing([[10], [], [11], [13]]).to(DEVICE), torch.arange(4, device=DEVICE))
+    drafts = torch.tensor([10, -1, 10, -1], device=DEVICE)
+    rows, offsets = torch.tensor([0, 1], device=DEVICE), torch.tensor([0, 2, 4], device=DEVICE)
+    out = Sampler(use_triton=use_triton).verify(logits, rows, drafts, offsets, batch, grammar)
     assert out.token_ids.tolist() == [10, -1, 11, -1]
     assert out.num_emitted.tolist() == [2, 1]
     assert batch.output_pos.tolist() == [1, 1]

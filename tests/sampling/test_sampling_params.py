@@ -26,7 +26,7 @@ INVALID = [
     ("frequency_penalty", -2.5), ("repetition_penalty", 0.0), ("repetition_penalty", math.inf),
     ("dry_multiplier", -1.0), ("dry_base", 0.5), ("dry_allowed_length", -1), ("dry_penalty_last_n", -2),
     ("dry_sequence_breakers", [""]), ("xtc_threshold", 1.5), ("xtc_probability", -0.1), ("seed", 2**64),
-    ("seed", -(2**63) - 1), ("stop", [""]), ("stop", ""), ("max_tokens", 0), ("min_tokens", -1),
+    ("seed", -(2**63) - 1), ("stop", [""]), ("stop", ""), ("max_tokens", -1), ("min_tokens", -1),
     ("logprobs", 21), ("logprobs", -1), ("prompt_logprobs", 21), ("logit_bias", {1: math.nan}),
     ("logit_bias", {"x": 1.0}), ("allowed_token_ids", []), ("bad_words", [""]), ("temperature", "hot"),
     ("top_k", 1.5), ("stop_token_ids", ["a"]),

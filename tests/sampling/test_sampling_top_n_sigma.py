@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sampling_helpers import assert_matches, batch_of, reference_probs
+from sampling_helpers import DEVICE, assert_matches, batch_of, reference_probs
 
 from sampling.ops.truncation import apply_truncations, top_candidates
 from sampling.params import SamplingParams
@@ -64,11 +64,12 @@ def kept_by_definition(scaled: np.ndarray, n_sigma: float) -> np.ndarray:
 
 def kept_by_path(scaled: torch.Tensor, params: SamplingParams, use_triton: bool) -> np.ndarray:
     """[V] bool: the kept set of one row on the Triton kernel or the torch path (full sort)."""
-    p = RowView.of(batch_of([params], VOCAB), torch.tensor([0])).params
-    keys = torch.zeros(1, dtype=torch.int64)
     if use_triton:
-        processed = triton_sample(scaled[None], p, keys, STAGES, need_processed=True, drafts=None).processed
-        return (processed[0] > float("-inf")).numpy()
+        p = RowView.of(batch_of([params], VOCAB, device=DEVICE), torch.tensor([0], device=DEVICE)).params
+        keys = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+        processed = triton_sample(scaled[None].to(DEVICE), p, keys, STAGES, need_processed=True, drafts=None).processed
+        return (processed[0] > float("-inf")).cpu().numpy()
+    p = RowView.of(batch_of([params], VOCAB), torch.tensor([0])).params
     c = top_candidates(scaled[None], VOCAB)
     apply_truncations(c, p, STAGES, torch.zeros(1))
     return torch.zeros(VOCAB, dtype=torch.bool).scatter_(0, c.ids[0], c.keep[0]).numpy()
@@ -109,8 +110,9 @@ def test_draws_follow_the_float64_target(name: str, use_triton: bool) -> None:
     temperature = TEMPERATURES[name]
     params = [SamplingParams(top_n_sigma=1.0, temperature=temperature, logit_bias=bias, seed=i if i % 2 else None)
               for i in range(DRAWS)]  # fmt: skip
-    batch = batch_of(params, VOCAB)
-    drawn = Sampler(use_triton=use_triton)(logits.expand(DRAWS, -1), torch.arange(DRAWS), batch).sampled_token_ids
+    batch = batch_of(params, VOCAB, device=DEVICE)
+    rows = torch.arange(DRAWS, device=DEVICE)
+    drawn = Sampler(use_triton=use_triton)(logits.to(DEVICE).expand(DRAWS, -1), rows, batch).sampled_token_ids.cpu()
     expected = reference_probs(biased(logits, bias).double().numpy(), temperature=temperature, top_n_sigma=1.0)
     assert (expected > 0.01).sum() >= 3  # several tokens with real mass: a narrower kept set shows
     assert_matches(drawn.numpy(), expected)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from deployments.openai.event_stream import EventStream
+from deployments.openai.event_stream import PING_FRAME, EventStream
 
 
 async def _serve(stream: EventStream, receive_messages: asyncio.Queue) -> list[dict]:
@@ -85,3 +85,47 @@ def test_a_response_cut_short_before_its_first_frame_still_releases_the_request(
         return events
 
     assert asyncio.run(asyncio.wait_for(run(), 10)) == ["disconnect", "error raised"]
+
+
+def _frames_after(delays_s: list[float]):
+    async def frames() -> AsyncGenerator[str, None]:
+        for i, delay in enumerate(delays_s):
+            await asyncio.sleep(delay)
+            yield f"data: {i}\n\n"
+
+    return frames()
+
+
+def test_a_silent_stream_is_pinged_and_a_busy_one_is_not():
+    async def run(delays_s: list[float]) -> list[bytes]:
+        sent = await _serve(EventStream(_frames_after(delays_s), lambda: None, ping_interval_s=0.05), asyncio.Queue())
+        return [m["body"] for m in sent[1:]]
+
+    silent = asyncio.run(asyncio.wait_for(run([0.0, 0.3]), 10))
+    assert silent[0] == b"data: 0\n\n" and silent[-2:] == [b"data: 1\n\n", b""]
+    assert set(silent[1:-2]) == {PING_FRAME} and len(silent[1:-2]) >= 2
+    busy = asyncio.run(asyncio.wait_for(run([0.01] * 20), 10))
+    assert PING_FRAME not in busy
+
+
+def test_a_ping_the_connection_refuses_reports_the_client_gone():
+    async def run() -> list[str]:
+        events: list[str] = []
+        wake = asyncio.Event()
+
+        async def frames() -> AsyncGenerator[str, None]:
+            yield "data: first\n\n"
+            await wake.wait()
+
+        async def send(message: dict) -> None:
+            if message.get("body") == PING_FRAME:
+                raise OSError("the connection is gone")
+
+        def on_disconnect() -> None:
+            events.append("disconnect")
+            wake.set()
+
+        await EventStream(frames(), on_disconnect, ping_interval_s=0.05)({"type": "http"}, asyncio.Queue().get, send)
+        return events
+
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == ["disconnect"]

@@ -1,0 +1,62 @@
+"""`SyntheticEngineActor` in-process (no Ray) obeys `EngineActor`'s interface: its replies, stats,
+refusals, slots, lengths and aborts are what an ingress expects of a real engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
+from deployments.engine_actor import EngineActor, NewRequest, Polled
+from engine.config import EngineConfig
+from engine.request import FinishReason
+from sampling.params import SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+RATE = StepRate(max_num_seqs=2, step_s=0.002, max_model_len=64)
+
+
+async def _collect(actor: EngineActor, subscriber: str, count: int) -> tuple[dict[str, list[int]], dict[str, FinishReason], int]:
+    """Tokens and finish reasons of ``count`` requests, and the most running at once."""
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, FinishReason] = {}
+    most_running = 0
+    for _ in range(500):
+        polled = await actor.get_outputs(subscriber, timeout_s=5.0)
+        assert isinstance(polled, Polled) and not polled.subscriber_lost
+        most_running = max(most_running, (await actor.stats())["running"])
+        for output in polled.outputs:
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+            if output.finish_reason is not None:
+                reasons[output.request_id] = output.finish_reason
+        if len(reasons) == count:
+            return tokens, reasons, most_running
+    raise AssertionError(f"only {len(reasons)} of {count} finished")
+
+
+def test_the_synthetic_engine_answers_as_the_engine_actor_does():
+    async def run() -> None:
+        actor = SyntheticEngineActor(RATE, max_waiting_requests=8)
+        real = EngineActor(EngineConfig(model="tiny-random", max_num_seqs=2, max_model_len=64), max_waiting_requests=8)
+        try:
+            assert await actor.ready() == RATE.max_model_len
+            assert (await actor.stats()).keys() == (await real.stats()).keys()
+            requests = [NewRequest(f"r{i}", [10 + i, 20], PARAMS) for i in range(3)]
+            added = await actor.add_requests("ingress", [NewRequest("empty", [], PARAMS), NewRequest("long", [1] * 64, PARAMS), *requests])
+            assert added.incarnation == actor.incarnation
+            assert "0 tokens" in added.errors[0] and "64 tokens" in added.errors[1] and added.errors[2:] == [None, None, None]
+            tokens, reasons, most_running = await _collect(actor, "ingress", 3)
+            assert {r: len(t) for r, t in tokens.items()} == {"r0": 5, "r1": 5, "r2": 5}
+            assert set(reasons.values()) == {FinishReason.LENGTH}
+            assert most_running <= RATE.max_num_seqs
+            assert all(FIRST_TOKEN_ID <= token for t in tokens.values() for token in t)
+            assert await actor.num_generated(["r0"]) == {"r0": 5}
+            long = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+            assert (await actor.add_requests("ingress", [NewRequest("endless", [1, 2], long)])).errors == [None]
+            await actor.abort_requests(["endless"])
+            _, reasons, _ = await _collect(actor, "ingress", 1)
+            assert reasons == {"endless": FinishReason.ABORT}
+        finally:
+            await actor.shutdown()
+            await real.shutdown()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
