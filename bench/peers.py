@@ -5,9 +5,9 @@ then runs each server alone on loopback and drives it with the same streams (the
 `bench.load_client` generator: greedy, ``ignore_eos``, the same prompts), all of a level
 at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 streams of 16):
 
-- Spout's app with its defaults, as ``make run`` starts it (``build_app()`` under
-  ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``), first, to count the threads its engine computes
-  on: the engine process's threads that used at least half the busiest one's CPU during
+- Spout's app with its defaults, as ``make run`` starts it (``build_app()`` behind Serve's
+  fast path, `bench.serve_cluster.DEFAULT_PROXY`), first, to count the threads its engine
+  computes on: the engine process's threads that used at least half the busiest one's CPU during
   the largest level;
 - ``llama-server`` on the same GGUF (`default_model_path`) with continuous batching and a
   unified KV pool: ``--parallel 64 -c 16384 --kv-unified``, with that many threads
@@ -35,7 +35,7 @@ from bench.common import print_table, quietness, write_results
 from bench.llama_cpp_build import VERSION, ensure_llama_server
 from bench.load_client import StreamResult, completion_body, latency_fields, run_streams
 from bench.process_cpu import cpu_seconds
-from bench.serve_cluster import ServeCluster, free_port
+from bench.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
 from bench.serve_load import HOST, warm_up
 from deployments import build_app
 from engine.config import DEFAULT_MODEL
@@ -81,7 +81,7 @@ def engine_pid() -> str:
 def sweep_spout(levels: tuple[int, ...], max_tokens: int) -> tuple[list[tuple[int, list[StreamResult], float]], int]:
     """Spout's app on its defaults: each level's streams, and the engine's busy threads during the last."""
     runs = []
-    with ServeCluster("throughput_optimized") as cluster:
+    with ServeCluster(DEFAULT_PROXY) as cluster:
         port = cluster.deploy(build_app(), "spout")
         warm_up(port, DEFAULT_MODEL)
         pid = engine_pid()
