@@ -1,5 +1,6 @@
 """Hypothesis strategies from the JSON Schema subset pydantic writes: local ``$ref``, ``anyOf``,
-``const``, ``enum``, the seven types, numeric bounds, array, string and object sizes.
+``oneOf`` (pydantic's discriminated unions, whose options exclude each other by their tag),
+``const``, ``enum``, the seven types, numeric bounds, string patterns, array, string and object sizes.
 
 (hypothesis-jsonschema 0.23 uses Hypothesis internals that current Hypothesis no longer has.)
 Values stay inside the schema except where a bound is missing: sizes then default small.
@@ -24,8 +25,8 @@ def from_schema(schema: dict, root: dict | None = None) -> st.SearchStrategy:
         for part in schema["$ref"].removeprefix("#/").split("/"):
             target = target[part]
         return st.deferred(lambda: from_schema(target, root))
-    if "anyOf" in schema:
-        return st.one_of([from_schema(option, root) for option in schema["anyOf"]])
+    if "anyOf" in schema or "oneOf" in schema:
+        return st.one_of([from_schema(option, root) for option in schema.get("anyOf", schema.get("oneOf"))])
     if "const" in schema:
         return st.just(schema["const"])
     if "enum" in schema:
@@ -54,7 +55,10 @@ def _number(schema: dict, root: dict) -> st.SearchStrategy:
 
 
 def _string(schema: dict, root: dict) -> st.SearchStrategy:
-    return st.text(min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", DEFAULT_MAX_LENGTH))
+    low, high = schema.get("minLength", 0), schema.get("maxLength", DEFAULT_MAX_LENGTH)
+    if "pattern" in schema:  # a full match also matches as JSON Schema's search does
+        return st.from_regex(schema["pattern"], fullmatch=True).filter(lambda text: low <= len(text) <= high)
+    return st.text(min_size=low, max_size=high)
 
 
 def _array(schema: dict, root: dict) -> st.SearchStrategy:
