@@ -47,7 +47,7 @@ from sampling.view import RowView
 
 LogprobsMode = Literal["raw", "processed"]
 TRUNCATIONS = ("min_p", "top_k", "top_p", "typical_p", "top_n_sigma", "xtc")
-DEFAULT_CANDIDATE_WIDTHS = (128, 1024, 8192)
+DEFAULT_CANDIDATE_WIDTHS = (128, 512, 4096)
 XTC_COIN_TOKEN = -1
 """The XTC coin is the row's uniform noise at this (out-of-vocabulary) token id."""
 

@@ -30,35 +30,39 @@ CHUNK_ELEMENTS = 2**18
 
 @dataclass(frozen=True)
 class ScaledLogits:
-    """``logits / temperature[:, None]`` [N, V], not materialised, with the row statistics taken once per step."""
+    """``logits[rows] / temperature[:, None]`` [n, V], not materialised, with the row statistics taken once per step."""
 
     logits: torch.Tensor
-    """[N, V] float32 before temperature."""
+    """[N, V] float32 before temperature (n <= N rows of it stand here)."""
+    rows: torch.Tensor | None
+    """[n] int64 the rows of ``logits`` that stand here; None: all (n = N). The others stay uncopied."""
     temperature: torch.Tensor
-    """[N] > 0."""
+    """[n] > 0."""
     maxima: torch.Tensor | None
-    """[N, S] `block_maxima` of ``logits``, or None (no blocks: plain reductions)."""
+    """[n, S] `block_maxima` of the rows, or None (no blocks: plain reductions)."""
     lse: torch.Tensor
-    """[N, 1] logsumexp of the scaled logits."""
+    """[n, 1] logsumexp of the scaled logits."""
 
     def take(self, rows: torch.Tensor) -> ScaledLogits:
-        """The same for ``rows`` ([n] int64) only."""
+        """The same for ``rows`` ([k] int64 indices into the n rows) only."""
         maxima = None if self.maxima is None else self.maxima[rows]
-        return ScaledLogits(self.logits[rows], self.temperature[rows], maxima, self.lse[rows])
+        logits_rows = rows if self.rows is None else self.rows[rows]
+        return ScaledLogits(self.logits, logits_rows, self.temperature[rows], maxima, self.lse[rows])
 
     def dense(self) -> torch.Tensor:
-        """[N, V] the scaled logits."""
-        return self.logits / self.temperature[:, None]
+        """[n, V] the scaled logits."""
+        logits = self.logits if self.rows is None else self.logits[self.rows]
+        return logits / self.temperature[:, None]
 
     def top(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scaled logits [N, width] descending, their token ids [N, width]); width < V."""
-        values, ids = top_logits(self.logits, self.maxima, width)
+        """(scaled logits [n, width] descending, their token ids [n, width]); width < V."""
+        values, ids = top_logits(self.logits, self.maxima, width, self.rows)
         return values / self.temperature[:, None], ids
 
 
 def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor, maxima: torch.Tensor | None) -> ScaledLogits:
     """logits [N, V] float32, temperature [N] > 0, maxima: `block_maxima` of ``logits`` or None."""
-    return ScaledLogits(logits, temperature, maxima, logsumexp_rows(logits, temperature, maxima))
+    return ScaledLogits(logits, None, temperature, maxima, logsumexp_rows(logits, temperature, maxima))
 
 
 def block_size(vocab: int) -> int:
@@ -88,13 +92,14 @@ def first_argmax(logits: torch.Tensor, maxima: torch.Tensor | None) -> torch.Ten
     return ids.gather(1, place[:, None]).squeeze(1)
 
 
-def top_logits(logits: torch.Tensor, maxima: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values [N, width] descending, ids [N, width]): the ``width`` largest logits of each row (ties broken
-    arbitrarily, as `torch.topk`). logits [N, V]; maxima: `block_maxima` of logits, or None."""
+def top_logits(logits: torch.Tensor, maxima: torch.Tensor | None, width: int, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [n, width] descending, ids [n, width]): the ``width`` largest logits of each of ``rows`` ([n] int64
+    rows of logits [N, V]; None: all), ties broken arbitrarily as `torch.topk`. maxima: `block_maxima` of those rows, or None."""
     if maxima is None or width >= maxima.shape[1]:
-        return logits.topk(width, dim=-1)
+        return (logits if rows is None else logits[rows]).topk(width, dim=-1)
     ids = _block_tokens(_top_places(maxima, width), maxima.shape[1], logits.shape[1])
-    values, place = logits.gather(1, ids).topk(width, dim=-1)
+    values = logits.gather(1, ids) if rows is None else logits[rows[:, None], ids]
+    values, place = values.topk(width, dim=-1)
     return values, ids.gather(1, place)
 
 
