@@ -1,7 +1,8 @@
 """Sampler latency: ours against a sort-based torch reference, on the same logits.
 
 ``python -m bench.sampler [--quick] [--device D]`` prints a table and writes
-bench/results/sampler.json with rows {device, batch, vocab, config, ours_ms, reference_ms}.
+bench/results/sampler.json with rows {device, batch, vocab, config, ours_ms, reference_ms},
+torch's intra-op thread count and the machine's quietness (load average when it began).
 
 The reference is what vLLM runs without FlashInfer or its Triton top-k/top-p: penalties
 from per-step bin counts, temperature, min-p, a full sort of the vocabulary for
@@ -15,13 +16,14 @@ the vocabulary plus Gaussian noise (most of the mass in the top few dozen tokens
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from collections.abc import Callable
 
 import torch
 
-from bench.common import print_table, write_results
+from bench.common import print_table, quietness, write_results
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -179,6 +181,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
+    load_before = os.getloadavg()[0]
     batches, vocabs = ((1, 32), (49152,)) if args.quick else (BATCHES, VOCABS)
     rows = []
     for vocab in vocabs:
@@ -191,7 +194,13 @@ def main() -> None:
                       f"reference {row['reference_ms']:9.2f} ms ({speedup:.1f}x)", flush=True)  # fmt: skip
     print()
     print_table([{**r, "speedup": round(r["reference_ms"] / r["ours_ms"], 2)} for r in rows])  # type: ignore[operator]
-    extra = {"device_name": device_name(device), "quick": args.quick, "logits": "Zipf(1.5) profile + N(0, 0.5) noise"}
+    extra = {
+        "device_name": device_name(device),
+        "quick": args.quick,
+        "logits": "Zipf(1.5) profile + N(0, 0.5) noise",
+        "threads": torch.get_num_threads(),
+        **quietness(load_before),
+    }
     path = write_results("sampler", rows, **extra)
     print(f"\nwrote {path}")
 

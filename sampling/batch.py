@@ -12,6 +12,7 @@ sampler decides which stages to run without reading device tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -55,6 +56,10 @@ class RowParams:
     is_greedy: torch.Tensor
     has_seed: torch.Tensor
     output_pos: torch.Tensor
+
+    def take(self, rows: torch.Tensor) -> RowParams:
+        """The parameters of ``rows`` ([n] int64 indices into these rows) only."""
+        return RowParams(**{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)})
 
 
 def row_features(params: SamplingParams) -> set[str]:
@@ -116,7 +121,6 @@ class SamplingBatch:
             self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
         self.entries = TokenEntries(max_num_rows, self.device)
         # Lazily allocated when the first row needing them joins: [R, V] or [R, max_model_len].
-        self.prompt_mask: torch.Tensor | None = None
         self.output_counts: torch.Tensor | None = None
         self.allowed: torch.Tensor | None = None
         self.history: torch.Tensor | None = None
@@ -161,7 +165,7 @@ class SamplingBatch:
             features.add("history")
             if params.allowed_token_ids is not None:
                 features.add("may_mask_all")
-        if "dry" in features:
+        if "dry" in features or "penalties" in features:
             features.add("history")
         self.params[row] = params
         self._features[row] = features
@@ -223,7 +227,6 @@ class SamplingBatch:
         R, V, dev = self.max_num_rows, self.vocab_size, self.device
         with torch.inference_mode(False):
             if "penalties" in features and self.output_counts is None:
-                self.prompt_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
                 self.output_counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
             if "allowed" in features and self.allowed is None:
                 self.allowed = torch.ones(R, V, dtype=torch.bool, device=dev)
@@ -244,10 +247,8 @@ class SamplingBatch:
         """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""
         self._allocate(features)
         prompt_ids = torch.tensor(prompt, dtype=torch.int64).to(self.device)
-        if self.output_counts is not None and self.prompt_mask is not None:
+        if self.output_counts is not None:
             self.output_counts[row] = 0
-            self.prompt_mask[row] = False
-            self.prompt_mask[row, prompt_ids] = True
         if self.allowed is not None:
             self.allowed[row] = params.allowed_token_ids is None
             if params.allowed_token_ids is not None:

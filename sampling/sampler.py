@@ -8,7 +8,7 @@ exactly as non-speculative sampling's. Both run the same pipeline on a `RowView`
 Pipeline per step (each stage skipped when no occupied row uses it, decided on the
 host from `SamplingBatch.uses`):
 
-1. float32 logits (a copy only when masks edit them in place); raw logprobs if any row asks and mode is ``raw``
+1. float32 logits (copied into the sampler's workspace when masks or penalties edit them in place); raw logprobs if any row asks and mode is ``raw``
 2. masks: the grammar bitmask of structured outputs (`GrammarMask`, filled by the caller),
    ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``. A constrained row
    that no token is left for emits -1 (its grammar reached a dead end) and records nothing
@@ -37,16 +37,17 @@ from sampling.logprobs import LogprobsTensors, gather_logprobs
 from sampling.ops.draw import Draw, draw
 from sampling.ops.dry import apply_dry
 from sampling.ops.masks import GrammarMask, apply_allowed, apply_grammar_mask, apply_token_entries, check_some_token_left, rows_left_empty
-from sampling.ops.penalties import apply_penalties
+from sampling.ops.penalties import apply_penalties, seen_tokens
 from sampling.ops.rejection import accept_or_recover, first_rejection
 from sampling.ops.seeded_noise import row_keys, uniform
 from sampling.ops.segments import max_rows_bound
+from sampling.ops.top_tokens import ScaledLogits, block_maxima, first_argmax, scaled_logits
 from sampling.ops.truncation import Candidates, apply_truncations, top_candidates, whole_vocab
 from sampling.view import RowView
 
 LogprobsMode = Literal["raw", "processed"]
 TRUNCATIONS = ("min_p", "top_k", "top_p", "typical_p", "top_n_sigma", "xtc")
-DEFAULT_CANDIDATE_WIDTHS = (256, 4096)
+DEFAULT_CANDIDATE_WIDTHS = (128, 512, 4096)
 XTC_COIN_TOKEN = -1
 """The XTC coin is the row's uniform noise at this (out-of-vocabulary) token id."""
 
@@ -102,6 +103,7 @@ class Sampler:
         self.logprobs_mode = logprobs_mode
         self.candidate_widths = candidate_widths
         self.use_triton = use_triton
+        self._workspace: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None = None) -> SamplerOutput:
         """Sample one token for each of ``rows``.
@@ -154,8 +156,8 @@ class Sampler:
     def _run(self, logits: torch.Tensor, view: RowView, grammar: GrammarMask | None) -> _Rows:
         """The pipeline on ``view``'s rows: logits [N, V] -> per-row tokens (and acceptance, with drafts)."""
         batch = view.batch
-        in_place_masks = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0 or grammar is not None
-        logits = logits.to(torch.float32, copy=in_place_masks)  # the caller's logits are never modified
+        in_place = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0 or batch.uses["penalties"] > 0 or grammar is not None
+        logits = self._private_copy(logits) if in_place else logits.float()  # the caller's logits are never modified
         want_logprobs = batch.uses["logprobs"] > 0
         raw = torch.log_softmax(logits, dim=-1) if want_logprobs and self.logprobs_mode == "raw" else None
         if grammar is not None:
@@ -173,12 +175,13 @@ class Sampler:
         batch, p = view.batch, view.params
         want_logprobs = batch.uses["logprobs"] > 0
         logits = _apply_penalties(logits, view)
-        token_ids = logits.max(dim=-1).indices  # argmax (the first maximum), 3x faster on the CPU
+        maxima = block_maxima(logits) if logits.device.type == "cpu" else None
+        token_ids = first_argmax(logits, maxima)
         accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
         if batch.uses["random"] > 0:
             need_processed = want_logprobs and raw is None
-            drawn = self._draw(logits / p.temperature[:, None], view, need_processed)
+            drawn = self._draw(logits, maxima, view, need_processed)
             token_ids = torch.where(p.is_greedy, token_ids, drawn.token_ids)
             if accepted is not None and drawn.accepted is not None:
                 accepted = torch.where(p.is_greedy, accepted, drawn.accepted)
@@ -192,42 +195,83 @@ class Sampler:
     def _logprobs(source: torch.Tensor | None, token_ids: torch.Tensor, batch: SamplingBatch) -> LogprobsTensors | None:
         return None if source is None else gather_logprobs(source, token_ids, batch.max_logprobs())
 
-    def _draw(self, scaled: torch.Tensor, view: RowView, need_processed: bool) -> Draw:
-        """Truncate and draw (with drafts: accept or recover) on temperature-scaled logits [N, V]."""
+    def _draw(self, logits: torch.Tensor, maxima: torch.Tensor | None, view: RowView, need_processed: bool) -> Draw:
+        """Temperature, truncate and draw (with drafts: accept or recover) on logits [N, V];
+        maxima: their `block_maxima` (or None)."""
         p, batch = view.params, view.batch
         stages = frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
         keys = row_keys(p.seed_key, p.has_seed, p.output_pos)
-        if self._triton_enabled(scaled.device):
+        if self._triton_enabled(logits.device):
             from sampling.triton import triton_sample
 
-            return triton_sample(scaled, p, keys, stages, need_processed, view.drafts)
-        c = self._truncate(scaled, p, stages, keys, batch)
-        processed = _dense_logits(c, scaled.shape[1]) if need_processed else None
-        if view.drafts is None:
-            return Draw(draw(c, keys), None, processed)
-        token_ids, accepted = accept_or_recover(c, view.drafts, keys)
-        return Draw(token_ids, accepted, processed)
+            return triton_sample(logits / p.temperature[:, None], p, keys, stages, need_processed, view.drafts)
+        if not stages:
+            c = whole_vocab(logits / p.temperature[:, None])
+            return _draw_candidates(c, keys, view.drafts, logits.shape[1], need_processed)
+        coin = uniform(keys, torch.tensor([XTC_COIN_TOKEN], device=keys.device)).squeeze(1)
+        rows = _Truncation(scaled_logits(logits, p.temperature, maxima), p, keys, coin, view.drafts)
+        return _truncate_and_draw(rows, stages, self._widths(batch, logits.shape[1]), need_processed)
+
+    def _private_copy(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, V] that the stages may edit in place: a copy into this sampler's
+        workspace, which is reused from step to step (a fresh [N, V] tensor costs page faults
+        every step on the CPU). Nothing the sampler returns refers to it."""
+        if logits.dtype != torch.float32:
+            return logits.float()
+        numel = logits.numel()
+        if self._workspace is None or self._workspace.numel() < numel or self._workspace.device != logits.device:
+            with torch.inference_mode(False):  # edited in place, in and out of inference mode
+                self._workspace = torch.empty(numel, dtype=torch.float32, device=logits.device)
+        return self._workspace[:numel].view(logits.shape).copy_(logits)
 
     def _triton_enabled(self, device: torch.device) -> bool:
         return self.use_triton if self.use_triton is not None else device.type == "cuda"
 
-    def _truncate(self, scaled: torch.Tensor, p: RowParams, stages: frozenset[str], keys: torch.Tensor, batch: SamplingBatch) -> Candidates:
-        """The torch path: truncations on the narrowest candidate set that covers every row."""
-        if not stages:
-            return whole_vocab(scaled)
-        vocab = scaled.shape[1]
-        coin = uniform(keys, torch.tensor([XTC_COIN_TOKEN], device=keys.device)).squeeze(1)
-        if batch.uses["unbounded"] == 0:
-            # One candidate past the largest top_k, to see whether a tie at the k-th value goes on.
-            for width in sorted({max(w, batch.max_top_k() + 1) for w in self.candidate_widths}):
-                if width >= vocab:
-                    break
-                c = top_candidates(scaled, width)
-                if bool(apply_truncations(c, p, stages, coin).all()):
-                    return c
-        c = top_candidates(scaled, vocab)
-        apply_truncations(c, p, stages, coin)
-        return c
+    def _widths(self, batch: SamplingBatch, vocab: int) -> list[int]:
+        """The candidate-set widths the torch path tries, ending with ``vocab`` (a full sort)."""
+        if batch.uses["unbounded"] > 0:
+            return [vocab]
+        # One candidate past the largest top_k, to see whether a tie at the k-th value goes on.
+        widths = {max(w, batch.max_top_k() + 1) for w in self.candidate_widths}
+        return sorted(w for w in widths if w < vocab) + [vocab]
+
+
+@dataclass(frozen=True)
+class _Truncation:
+    """What the torch path truncates and draws from, for N rows (each tensor [N] unless stated)."""
+
+    scaled: ScaledLogits
+    params: RowParams
+    keys: torch.Tensor
+    coin: torch.Tensor
+    """XTC's per-row chance."""
+    drafts: torch.Tensor | None
+
+    def take(self, rows: torch.Tensor) -> _Truncation:
+        """The same for ``rows`` ([n] int64) only."""
+        drafts = None if self.drafts is None else self.drafts[rows]
+        return _Truncation(self.scaled.take(rows), self.params.take(rows), self.keys[rows], self.coin[rows], drafts)
+
+
+def _truncate_and_draw(t: _Truncation, stages: frozenset[str], widths: list[int], need_processed: bool) -> Draw:
+    """The torch path: truncate (``stages``, not empty) on the narrowest of ``widths`` whose candidate set
+    covers each row (a row not covered retries alone on the next width; the last is the whole vocabulary), then draw."""
+    c = top_candidates(t.scaled, widths[0])
+    covered = apply_truncations(c, t.params, stages, t.coin)
+    drawn = _draw_candidates(c, t.keys, t.drafts, t.scaled.logits.shape[1], need_processed)
+    if len(widths) == 1 or bool(covered.all()):
+        return drawn
+    rest = (~covered).nonzero().squeeze(1)
+    return drawn.with_rows(rest, _truncate_and_draw(t.take(rest), stages, widths[1:], need_processed))
+
+
+def _draw_candidates(c: Candidates, keys: torch.Tensor, drafts: torch.Tensor | None, vocab: int, need_processed: bool) -> Draw:
+    """Draw (with drafts: accept or recover) from the kept candidates of rows over ``vocab`` tokens; keys [N] their noise keys."""
+    processed = _dense_logits(c, vocab) if need_processed else None
+    if drafts is None:
+        return Draw(draw(c, keys), None, processed)
+    token_ids, accepted = accept_or_recover(c, drafts, keys)
+    return Draw(token_ids, accepted, processed)
 
 
 def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
@@ -245,17 +289,12 @@ def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
-    """Stage 4: repetition / presence / frequency penalties and DRY, logits [N, V] -> [N, V]."""
+    """Stage 4: repetition / presence / frequency penalties (in place) and DRY, logits [N, V] -> [N, V]."""
     batch, p = view.batch, view.params
     if batch.uses["penalties"] > 0 and batch.output_counts is not None:
-        logits = apply_penalties(
-            logits,
-            view.prompt_mask(),
-            view.output_counts(),
-            p.repetition_penalty,
-            p.presence_penalty,
-            p.frequency_penalty,
-        )
+        seen = seen_tokens(view.history())
+        counts = view.output_counts_at(seen.clamp(min=0))
+        apply_penalties(logits, seen, counts, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
     if batch.uses["dry"] > 0 and batch.history is not None:
         logits = _apply_dry_rows(logits, view)
     return logits

@@ -69,24 +69,18 @@ class RowView:
         assert self.batch.allowed is not None
         return self.batch.allowed[self.slots]
 
-    def prompt_mask(self) -> torch.Tensor:
-        """[N, V] bool: token in the prompt."""
-        assert self.batch.prompt_mask is not None
-        return self.batch.prompt_mask[self.slots]
-
-    def output_counts(self) -> torch.Tensor:
-        """[N, V] int32: times each token was generated, the drafts before the row included."""
+    def output_counts_at(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[N, L] int32: times each of ``tokens`` ([N, L] int64, >= 0) was generated, the drafts before the row included."""
         assert self.batch.output_counts is not None
-        counts = self.batch.output_counts[self.slots]
+        counts = self.batch.output_counts[self.slots[:, None], tokens]
         if self.drafts is None:
             return counts
         num_rows = self.slots.shape[0]
         j = torch.arange(self.max_rows_per_request, device=self.slots.device)
         source = (self.first_rows[:, None] + j).clamp(max=num_rows - 1)  # [N, J] rows of the request
-        earlier = (j < self.offsets[:, None]).to(counts.dtype)  # ... that come before the row
-        row = torch.arange(num_rows, device=self.slots.device)[:, None].expand_as(source)
-        counts.index_put_((row, self.drafts[source].clamp(min=0)), earlier, accumulate=True)
-        return counts
+        earlier = j < self.offsets[:, None]  # ... that come before the row
+        drafts = torch.where(earlier, self.drafts[source], torch.full_like(source, -1))
+        return counts + (tokens[:, :, None] == drafts[:, None, :]).sum(dim=-1, dtype=counts.dtype)
 
     def history(self) -> torch.Tensor:
         """[N, L] int64 tokens (prompt, outputs, then the drafts before the row), -1 past the end."""

@@ -26,6 +26,14 @@ class Draw:
     processed: torch.Tensor | None
     """[N, V] the truncated logits (-inf where removed), when asked for."""
 
+    def with_rows(self, rows: torch.Tensor, other: Draw) -> Draw:
+        """This draw with ``rows`` ([n] int64) replaced by ``other`` (a draw of those rows only)."""
+
+        def merged(mine: torch.Tensor | None, theirs: torch.Tensor | None) -> torch.Tensor | None:
+            return None if mine is None or theirs is None else mine.index_copy(0, rows, theirs)
+
+        return Draw(self.token_ids.index_copy(0, rows, other.token_ids), merged(self.accepted, other.accepted), merged(self.processed, other.processed))
+
 
 def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
     """Index of the winner per row, [n] int64. weights / token_ids [n, K] (token_ids may be [K]); row_keys [n]."""

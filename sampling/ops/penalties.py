@@ -1,28 +1,36 @@
-"""Stage 4: repetition, presence and frequency penalties (vLLM / OpenAI semantics)."""
+"""Stage 4: repetition, presence and frequency penalties (vLLM / OpenAI semantics), at the seen tokens only."""
 
 from __future__ import annotations
 
 import torch
 
 
+def seen_tokens(history: torch.Tensor) -> torch.Tensor:
+    """[n, L] int64: ``history`` (each row's prompt and output tokens from place 0, -1 past its end) with the
+    places past the end repeating the row's first token, so that every place is a seen token (all -1: none)."""
+    return torch.where(history >= 0, history, history[:, :1])
+
+
 def apply_penalties(
     logits: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    output_counts: torch.Tensor,
+    seen: torch.Tensor,
+    counts: torch.Tensor,
     repetition: torch.Tensor,
     presence: torch.Tensor,
     frequency: torch.Tensor,
-) -> torch.Tensor:
-    """Penalised logits [n, V].
+) -> None:
+    """In place on logits [n, V]: only the tokens a row has seen change, so this costs [n, L], not [n, V].
 
-    prompt_mask [n, V] bool (token in the prompt), output_counts [n, V] int (times generated);
-    repetition / presence / frequency [n]. A token seen in the prompt or the output has a
-    positive logit divided by, a negative one multiplied by, ``repetition``; then
-    ``frequency * count + presence * (count > 0)`` is subtracted (outputs only).
+    seen [n, L] int64: `seen_tokens` (repeats allowed); counts [n, L]: times each was generated;
+    repetition / presence / frequency [n]. A seen token has a positive logit divided by, a negative
+    one multiplied by, ``repetition``; then ``frequency * count + presence * (count > 0)`` is
+    subtracted. Every place of a token writes the same value, so the scatter is deterministic.
     """
-    counts = output_counts.to(logits.dtype)
-    generated = output_counts > 0
+    has_tokens = seen[:, :1] >= 0
+    ids = seen.clamp(min=0)
+    values = logits.gather(1, ids)
     rep = repetition[:, None]
-    repeated = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(generated | prompt_mask, repeated, logits)
-    return logits - frequency[:, None] * counts - presence[:, None] * generated.to(logits.dtype)
+    repeated = torch.where(values > 0, values / rep, values * rep)
+    generated = (counts > 0).to(values.dtype)
+    penalised = repeated - frequency[:, None] * counts.to(values.dtype) - presence[:, None] * generated
+    logits.scatter_(1, ids, torch.where(has_tokens, penalised, values))

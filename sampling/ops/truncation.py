@@ -16,7 +16,7 @@ All operate on the distribution left by the previous stages (renormalised), per 
   (and ``xtc_threshold <= 0.5``), remove all of them but the least probable.
 
 The torch path avoids sorting the vocabulary when it can: it takes the ``width``
-most probable tokens with `torch.topk` and runs every stage there. A row is *covered*
+most probable tokens (`ScaledLogits.top`, from block maxima) and runs every stage there. A row is *covered*
 when its kept set provably lies inside those candidates (top-k dropped the last
 candidate, so no tie at the k-th value reaches past it; or the last candidate was dropped
 by an upper-set stage with exact masses). If a row is not
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from sampling.batch import RowParams
+from sampling.ops.top_tokens import ScaledLogits
 
 
 @dataclass
@@ -65,14 +66,13 @@ def whole_vocab(scaled: torch.Tensor) -> Candidates:
     return Candidates(scaled, torch.softmax(scaled, dim=-1), None, scaled > float("-inf"))
 
 
-def top_candidates(scaled: torch.Tensor, width: int) -> Candidates:
-    """The ``width`` largest logits per row, sorted descending (a full sort when width >= V)."""
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    if width >= scaled.shape[-1]:
-        logits, ids = scaled.sort(dim=-1, descending=True)
+def top_candidates(scaled: ScaledLogits, width: int) -> Candidates:
+    """The ``width`` largest scaled logits per row, sorted descending (a full sort when width >= V)."""
+    if width >= scaled.logits.shape[-1]:
+        logits, ids = scaled.dense().sort(dim=-1, descending=True)
     else:
-        logits, ids = scaled.topk(width, dim=-1)
-    return Candidates(logits, torch.exp(logits - lse), ids, logits > float("-inf"))
+        logits, ids = scaled.top(width)
+    return Candidates(logits, torch.exp(logits - scaled.lse), ids, logits > float("-inf"))
 
 
 def apply_truncations(c: Candidates, p: RowParams, stages: frozenset[str], coin: torch.Tensor) -> torch.Tensor:

@@ -89,11 +89,11 @@ def test_penalty_counts_are_updated_incrementally() -> None:
     params = [SamplingParams(frequency_penalty=0.5, seed=i) for i in range(8)] + [SamplingParams(temperature=0.0)]
     batch = make_batch(params, prompt=[1, 2, 3])
     out = run_steps(batch, 20)
-    assert batch.output_counts is not None and batch.prompt_mask is not None
+    assert batch.output_counts is not None and batch.history is not None
     for row in range(9):
         expected = torch.bincount(out[:, row], minlength=VOCAB).to(torch.int32)
         assert torch.equal(batch.output_counts[row], expected)
-    assert batch.prompt_mask[0, [1, 2, 3]].all() and batch.prompt_mask[0].sum() == 3
+    assert batch.history[0, :23].tolist() == [1, 2, 3, *out[:, 0].tolist()] and (batch.history[0, 23:] == -1).all()
     assert batch.output_pos[:9].tolist() == [20] * 9
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from sampling_helpers import DEVICE, assert_matches, batch_of, reference_probs
 
+from sampling.ops import top_tokens
 from sampling.ops.truncation import apply_truncations, top_candidates
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -70,7 +71,7 @@ def kept_by_path(scaled: torch.Tensor, params: SamplingParams, use_triton: bool)
         processed = triton_sample(scaled[None].to(DEVICE), p, keys, STAGES, need_processed=True, drafts=None).processed
         return (processed[0] > float("-inf")).cpu().numpy()
     p = RowView.of(batch_of([params], VOCAB), torch.tensor([0])).params
-    c = top_candidates(scaled[None], VOCAB)
+    c = top_candidates(top_tokens.scaled_logits(scaled[None], torch.ones(1), None), VOCAB)
     apply_truncations(c, p, STAGES, torch.zeros(1))
     return torch.zeros(VOCAB, dtype=torch.bool).scatter_(0, c.ids[0], c.keep[0]).numpy()
 
