@@ -200,7 +200,7 @@ class Ingress:
         params = body.sampling_params()
         texts_or_ids = body.prompts()
         choices = len(texts_or_ids) * params.n
-        check_sampling(self.args, params, choices, self.args.num_speculative_tokens)
+        check_sampling(self.args, params, choices, self.args.num_speculative_tokens, body.structured_param)
         check_echo(self.args, body.echo, choices)
         await self._check_constraint(params, body.structured_param)
         client = await self._ready()
@@ -218,12 +218,13 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
-        check_sampling(self.args, params, params.n, self.args.num_speculative_tokens)
         check_messages(self.args, body.client_texts(), len(body.tools or []))
         schema = tool_call_schema(body)
         if schema is not None:  # the tool call is then the output's only constraint
             params = constrain_to_json_schema(params, schema)
-        await self._check_constraint(params, "tool_choice" if schema is not None else body.structured_param)
+        structured_param = "tool_choice" if schema is not None else body.structured_param
+        check_sampling(self.args, params, params.n, self.args.num_speculative_tokens, structured_param)
+        await self._check_constraint(params, structured_param)
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)

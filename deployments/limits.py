@@ -78,8 +78,11 @@ def _check_count(param: str, what: str, value: int, limit: int, key: str) -> Non
         raise _over(param, what, value, limit, key)
 
 
-def check_sampling(limits: RequestLimits, params: SamplingParams, choices: int, server_speculative_tokens: int) -> None:
-    """The bounds on ``params`` for a request of ``choices`` choices (prompts × n)."""
+def check_sampling(
+    limits: RequestLimits, params: SamplingParams, choices: int, server_speculative_tokens: int, structured_param: str = "structured_outputs"
+) -> None:
+    """The bounds on ``params`` for a request of ``choices`` choices (prompts × n); ``structured_param``
+    names the field the output constraint came from (``response_format`` or ``structured_outputs``)."""
     _check_count("n", "choices (prompts × n)", choices, limits.max_choices_per_request, "max_choices_per_request")
     _check_count("stop", "stop strings", len(params.stop), limits.max_stop_strings, "max_stop_strings")
     _check_count("stop", "bytes of stop strings", sum(map(utf8_size, params.stop)), limits.max_stop_bytes, "max_stop_bytes")
@@ -97,16 +100,18 @@ def check_sampling(limits: RequestLimits, params: SamplingParams, choices: int, 
     entries = (params.logprobs or 0) * choices
     _check_count("logprobs", "logprob entries per step (logprobs × choices)", entries, limits.max_logprob_entries, "max_logprob_entries")
     _check_speculation(limits, params, server_speculative_tokens)
-    _check_beam_search(limits, params)
+    _check_beam_search(limits, params, structured_param)
 
 
-def _check_beam_search(limits: RequestLimits, params: SamplingParams) -> None:
+def _check_beam_search(limits: RequestLimits, params: SamplingParams, structured_param: str) -> None:
     """A beam search's width, and fields that do not go with (or without) beam search."""
     if params.use_beam_search:
         _check_count("n", "beams (beam search width)", params.n, limits.max_beam_width, "max_beam_width")
     try:
         check_beam_params(params)
     except BeamSearchParamError as error:
+        if error.param == "structured_outputs":
+            raise APIError(400, f"{structured_param}: cannot be combined with beam search (use_beam_search)", param=structured_param) from error
         raise APIError(400, str(error), param=error.param) from error
 
 

@@ -146,3 +146,11 @@ def test_a_field_that_conflicts_with_beam_search_is_a_400_naming_it(fields, para
     with pytest.raises(APIError) as refused:
         check_sampling(LIMITS, SamplingParams(**fields), 2, server_speculative_tokens=0)
     assert refused.value.status == 400 and refused.value.param == param and refused.value.message.startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize("structured_param", ["response_format", "structured_outputs"])
+def test_an_output_constraint_with_beam_search_is_a_400_naming_the_field_it_came_from(structured_param):
+    params = SamplingParams(use_beam_search=True, n=2, structured_outputs={"regex": "a+"})
+    with pytest.raises(APIError) as refused:
+        check_sampling(LIMITS, params, 2, server_speculative_tokens=0, structured_param=structured_param)
+    assert refused.value.status == 400 and refused.value.param == structured_param

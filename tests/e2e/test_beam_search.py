@@ -70,3 +70,16 @@ def test_a_bad_beam_search_is_a_400_naming_the_field(server, fields, param):
     with pytest.raises(openai.BadRequestError) as refused:
         server.openai().completions.create(model=server.model, prompt=PROMPT, max_tokens=4, extra_body=BEAM | fields)
     assert refused.value.body["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_an_output_constraint_with_a_chat_beam_search_is_a_400_naming_its_field(server, fields, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.openai().chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=4, n=2, extra_body=BEAM, **fields)
+    assert refused.value.body["param"] == param
