@@ -94,7 +94,6 @@ class EngineActor:
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int) -> None:
         self.incarnation = random.getrandbits(62)
-        self.engine = self._load(config)
         self.max_waiting_requests = max_waiting_requests
         self.owners: dict[str, str] = {}  # request id -> subscriber; engine thread only
         self.recent_aborts: OrderedDict[str, None] = OrderedDict()  # engine thread only
@@ -108,8 +107,12 @@ class EngineActor:
         self.num_steps = 0  # engine steps run; engine thread only
         self.credits = StepCredits(LEAD_STEPS, CREDIT_WAIT_S)
         self.num_late_subscribers = 0  # times a subscriber was not waited for; engine thread only
-        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.step_seconds = 0.0  # in EngineCore.step; engine thread only
+        self.delivery_wait_seconds = 0.0  # publishing outputs and waiting for their subscribers; engine thread only
+        loaded: Future[EngineCore] = Future()
+        self.thread = threading.Thread(target=self._run, args=(config, loaded), name="engine-loop", daemon=True)
         self.thread.start()
+        self.engine = loaded.result()  # what loading raised, raised here
 
     def _load(self, config: EngineConfig) -> EngineCore:
         """The engine this actor runs (`bench.synthetic_engine` overrides it with a model-free one)."""
@@ -158,7 +161,7 @@ class EngineActor:
         mailbox.taken_step = mailbox.delivered_step
         return Polled(self.incarnation, outputs)
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, float]:
         engine = self.engine
         return await self._call(
             lambda: {
@@ -172,6 +175,8 @@ class EngineActor:
                 "prefix_cache_hit_tokens": engine.prefix_cache_stats.hit_tokens,
                 "preemptions": engine.num_preemptions,
                 "steps": self.num_steps,
+                "step_seconds": self.step_seconds,
+                "delivery_wait_seconds": self.delivery_wait_seconds,
                 "subscribers": len(self.subscribers),
                 "late_subscribers": self.num_late_subscribers,
             }
@@ -250,16 +255,32 @@ class EngineActor:
                     self.recent_aborts.popitem(last=False)
         self.engine.abort_requests(request_ids)
 
-    def _run(self) -> None:
+    def _run(self, config: EngineConfig, loaded: Future) -> None:
+        # The model loads on the thread that steps it: torch's OpenMP parallel regions are fast
+        # only on the first thread that opens one. A second thread gets its own team, and with
+        # more OpenMP threads than cores libgomp's workers sleep between regions instead of
+        # spinning: each of a step's thousands of small ops then waits for a wake-up (a 64-stream
+        # step took 185 ms on a second thread against 122 ms, `tests/deployments/test_engine_actor.py`).
+        try:
+            self.engine = self._load(config)
+        except BaseException as error:
+            loaded.set_exception(error)
+            return
+        loaded.set_result(self.engine)
         try:
             while not self.stopping:
                 self.wakeup.wait()
                 self.wakeup.clear()
                 self._apply_commands()
                 while self.engine.has_unfinished_requests() and not self.stopping:
-                    self._publish(self.num_steps, self.engine.step())
+                    started = time.perf_counter()
+                    outputs = self.engine.step()
+                    stepped = time.perf_counter()
+                    self._publish(self.num_steps, outputs)
                     self.num_steps += 1
                     self.num_late_subscribers += len(self.credits.wait_to_start(self.num_steps))
+                    self.step_seconds += stepped - started
+                    self.delivery_wait_seconds += time.perf_counter() - stepped
                     self._apply_commands()
         except BaseException:
             # A request's own failure is an error output, never raised by step(): what is raised

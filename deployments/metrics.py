@@ -27,6 +27,14 @@ ENGINE_FAMILIES = (
     ("prefix_cache_queried_tokens", "spout_engine_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache.", CounterMetricFamily),
     ("prefix_cache_hit_tokens", "spout_engine_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache.", CounterMetricFamily),
     ("preemptions", "spout_engine_preemptions", "Requests preempted (to recompute later) when the KV cache ran out.", CounterMetricFamily),
+    ("steps", "spout_engine_steps", "Steps the engine ran.", CounterMetricFamily),
+    ("step_seconds", "spout_engine_step_seconds", "Seconds the engine spent computing its steps.", CounterMetricFamily),
+    (
+        "delivery_wait_seconds",
+        "spout_engine_delivery_wait_seconds",
+        "Seconds the engine spent between steps handing outputs over and waiting for ingress replicas to take them.",
+        CounterMetricFamily,
+    ),
 )
 HIT_RATE_HELP = "Share of prompt tokens found in the prefix cache since the engine started (0 before any lookup)."
 
@@ -70,7 +78,7 @@ class IngressMetrics:
         self.itl = Histogram("spout_inter_token_latency_seconds", "Time between streamed deltas, per token.", buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.detok_batch = Histogram("spout_detok_batch_requests", "Requests per detokenizer batch.", buckets=BATCH_BUCKETS, registry=self.registry)
 
-    def render(self, engine_stats: list[dict[str, int]], replica: ReplicaState) -> bytes:
+    def render(self, engine_stats: list[dict[str, float]], replica: ReplicaState) -> bytes:
         """Prometheus text: this replica's metrics, each engine's statistics (``engine_stats[i]`` for engine ``i``), and ``replica``."""
         families: list[Metric] = []
         for key, name, help_text, family in ENGINE_FAMILIES:

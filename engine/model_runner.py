@@ -17,6 +17,7 @@ from engine.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
+from engine.models.packed_linear import can_pack, pack_linears
 from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request, TokenLogprobs
 from engine.scheduler import ScheduledStep
@@ -80,6 +81,8 @@ class ModelRunner:
         model.load_weights(checkpoint.weights)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rope.to(dtype=torch.float32)
+        if can_pack(self.device, self.dtype):
+            pack_linears(self.model.layers)
         num_blocks = pool_num_blocks(config, checkpoint.config, self.dtype, self.device)
         self.kv_cache = PagedKVCache(checkpoint.config, num_blocks, config.block_size, self.dtype, self.device)
         self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from deployments.engine_actor import SERVER_FULL, EngineActor, NewRequest
 from engine.config import EngineConfig
 from engine.request import EngineOutput, FinishReason, Request
@@ -108,3 +110,42 @@ def test_a_request_failing_in_a_step_gets_an_error_output_and_the_engine_goes_on
             await actor.shutdown()
 
     asyncio.run(run())
+
+
+class _ThreadRecordingActor(EngineActor):
+    """Records the threads that load the engine and run its steps."""
+
+    def _load(self, config: EngineConfig):
+        self.threads = {"load": threading.get_ident()}
+        engine = super()._load(config)
+        step = engine.step
+
+        def recorded_step():
+            self.threads["step"] = threading.get_ident()
+            return step()
+
+        engine.step = recorded_step
+        return engine
+
+
+def test_the_engine_loads_on_the_thread_that_steps_it():
+    """torch's OpenMP parallel regions are several times slower on any thread but the first to open
+    one, so the model must not be loaded (and touched by torch) on the actor's own thread."""
+
+    async def run() -> None:
+        actor = _ThreadRecordingActor(EngineConfig(model="tiny-random", max_num_seqs=1, max_model_len=64), max_waiting_requests=2)
+        try:
+            await actor.ready()
+            await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)])
+            while "step" not in actor.threads:
+                await actor.get_outputs("ingress-a", timeout_s=5.0)
+        finally:
+            await actor.shutdown()
+        assert actor.threads["load"] == actor.threads["step"] == actor.thread.ident != threading.get_ident()
+
+    asyncio.run(run())
+
+
+def test_a_model_that_fails_to_load_fails_the_actor_with_its_error():
+    with pytest.raises(FileNotFoundError):
+        EngineActor(EngineConfig(model="/nonexistent/model.gguf"), max_waiting_requests=2)

@@ -61,16 +61,18 @@ def test_every_reply_carries_the_same_incarnation_and_a_new_actor_draws_another(
 
 
 def test_a_silent_subscribers_requests_are_aborted_and_its_mailbox_dropped(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(engine_actor, "SUBSCRIBER_TIMEOUT_S", 0.4)
+    # Above CREDIT_WAIT_S: "gone"'s adds wait for a step boundary, which may wait that long for
+    # "gone" to take its outputs, and meanwhile "alive" cannot poll.
+    monkeypatch.setattr(engine_actor, "SUBSCRIBER_TIMEOUT_S", 2 * engine_actor.CREDIT_WAIT_S)
 
     async def run() -> None:
         actor = await started_actor()
         try:
             assert (await actor.add_requests("gone", [NewRequest("g", [1, 2], LONG)])).errors == [None]
             assert (await actor.add_requests("alive", [NewRequest("a", [3, 4], LONG)])).errors == [None]
-            await poll_for(actor, "alive", 1.5, also_add_for="gone")  # "gone" only adds, which does not count
+            await poll_for(actor, "alive", 2.5, also_add_for="gone")  # "gone" only adds, which does not count
             assert (await actor.stats())["running"] == 1  # "g" was aborted
-            await poll_for(actor, "alive", 1.0)
+            await poll_for(actor, "alive", 1.5)
             assert (await actor.stats())["subscribers"] == 1
             assert "gone" not in actor.subscribers
             assert actor.engine.num_generated("g") < LONG.max_tokens

@@ -11,8 +11,19 @@ from deployments.metrics import ENGINE_FAMILIES, IngressMetrics, ReplicaState
 PREFIX_CACHE = {"prefix_cache_queried_tokens": 400, "prefix_cache_hit_tokens": 100, "preemptions": 2}
 NO_LOOKUPS = {"prefix_cache_queried_tokens": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0}
 ENGINE_STATS = [
-    {"running": 3, "waiting": 1, "generated_tokens": 120, "draft_tokens": 10, "accepted_tokens": 7, "steps": 40} | PREFIX_CACHE,
-    {"running": 0, "waiting": 0, "generated_tokens": 5, "draft_tokens": 0, "accepted_tokens": 0, "steps": 5} | NO_LOOKUPS,
+    {
+        "running": 3,
+        "waiting": 1,
+        "generated_tokens": 120,
+        "draft_tokens": 10,
+        "accepted_tokens": 7,
+        "steps": 40,
+        "step_seconds": 2.5,
+        "delivery_wait_seconds": 0.25,
+    }
+    | PREFIX_CACHE,
+    {"running": 0, "waiting": 0, "generated_tokens": 5, "draft_tokens": 0, "accepted_tokens": 0, "steps": 5, "step_seconds": 0.5, "delivery_wait_seconds": 0.0}
+    | NO_LOOKUPS,
 ]
 
 

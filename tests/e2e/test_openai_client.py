@@ -117,5 +117,5 @@ def test_models_health_metrics(server):
         assert http.get("/health").status_code == 200
         metrics = http.get("/metrics").text
     names = ("spout_requests_total", "spout_time_to_first_token_seconds_bucket", "spout_running_requests", "spout_detok_inline_share")
-    for name in (*names, "spout_engine_prefix_cache_hit_rate", "spout_engine_preemptions_total"):
+    for name in (*names, "spout_engine_prefix_cache_hit_rate", "spout_engine_preemptions_total", "spout_engine_step_seconds_total"):
         assert name in metrics
