@@ -3,7 +3,7 @@
 ``python -m bench.engine_concurrency [--quick] [--model M] [--device D]`` adds N greedy
 requests at once and steps until all finish: TTFT (from the start to each request's
 first token) p50/p99 and output tokens/s, for distinct 128-token prompts at 64 and 256
-sequences, and for prompts that share a 200-token system prompt with prefix caching on
+sequences (on the default dtype, then in bfloat16), and for prompts that share a 200-token system prompt with prefix caching on
 and off. Prints a table and writes bench/results/engine_concurrency.json.
 """
 
@@ -64,6 +64,7 @@ def measure(checkpoint: Checkpoint, config: EngineConfig, workload: str, prompts
     queried = engine.prefix_cache_stats.queried_tokens - queried_before
     return {
         "device": device_label(engine.runner.device),
+        "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "workload": workload,
         "concurrency": len(prompts),
         "prefix_caching": config.enable_prefix_caching,
@@ -83,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     concurrencies, output_tokens = ((16, 64), 16) if args.quick else ((64, 256), 64)
     checkpoint = load_checkpoint(args.model)
-    config = EngineConfig(model=args.model, device=args.device)
-    rows = [measure(checkpoint, config, "distinct", distinct_prompts(n), output_tokens) for n in concurrencies]
+    rows = []
+    for dtype in (None, "bfloat16"):  # the default (float32 on CPU), then bfloat16 (AMX on CPUs that have it)
+        config = EngineConfig(model=args.model, device=args.device, dtype=dtype)
+        rows += [measure(checkpoint, config, "distinct", distinct_prompts(n), output_tokens) for n in concurrencies]
     shared = shared_system_prompts(concurrencies[0])
     for caching in (True, False):
         caching_config = EngineConfig(model=args.model, device=args.device, enable_prefix_caching=caching)

