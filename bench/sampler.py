@@ -38,6 +38,8 @@ def config_params(name: str, row: int) -> SamplingParams:
     """The request at ``row`` for benchmark configuration ``name``."""
     if name == "greedy":
         return SamplingParams(temperature=0.0)
+    if name == "temperature":
+        return SamplingParams(temperature=0.8)
     if name == "top_p":
         return SamplingParams(top_p=0.9)
     if name == "top_k_top_p":
@@ -56,7 +58,7 @@ def config_params(name: str, row: int) -> SamplingParams:
     raise ValueError(name)
 
 
-CONFIGS = ("greedy", "top_p", "top_k_top_p", "min_p", "penalties_top_p", "mixed_seeded")
+CONFIGS = ("greedy", "temperature", "top_p", "top_k_top_p", "min_p", "penalties_top_p", "mixed_seeded")
 
 
 def lm_like_logits(batch: int, vocab: int, device: torch.device, seed: int = 0) -> torch.Tensor:

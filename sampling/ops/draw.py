@@ -35,10 +35,24 @@ class Draw:
         return Draw(self.token_ids.index_copy(0, rows, other.token_ids), merged(self.accepted, other.accepted), merged(self.processed, other.processed))
 
 
+RACE_CHUNK_ELEMENTS = 1 << 17
+"""Rows of a wide race go this many [n, K] elements at a time: the hash's int32 temporaries (512 KB
+each) stay in cache. A whole-vocabulary race (temperature only) at 256 rows of 49,152 took
+about 5x longer in one piece (`bench.sampler`'s ``temperature`` configuration)."""
+
+
 def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
     """Index of the winner per row, [n] int64. weights / token_ids [n, K] (token_ids may be [K]); row_keys [n]."""
-    # max(dim).indices is argmax (the first maximum) at a third of its cost on the CPU.
-    return (weights / exponential(row_keys, token_ids)).max(dim=-1).indices
+    rows = max(1, RACE_CHUNK_ELEMENTS // max(weights.shape[1], 1))
+    if weights.shape[0] <= rows or weights.device.type != "cpu":
+        # max(dim).indices is argmax (the first maximum) at a third of its cost on the CPU.
+        return (weights / exponential(row_keys, token_ids)).max(dim=-1).indices
+    per_row_ids = token_ids.dim() == 2
+    winners = [
+        exponential_race(weights[start : start + rows], token_ids[start : start + rows] if per_row_ids else token_ids, row_keys[start : start + rows])
+        for start in range(0, weights.shape[0], rows)
+    ]
+    return torch.cat(winners)
 
 
 def draw(c: Candidates, row_keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
