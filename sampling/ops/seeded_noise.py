@@ -59,30 +59,34 @@ def row_keys(seed_keys: torch.Tensor, has_seed: torch.Tensor, output_pos: torch.
 
 
 def uniform(row_key: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """u in (0, 1) float32, [n, K]: row_key [n] (or [n, 1]) against token_ids [n, K] or [K].
+    """u in (0, 1) float32, [n, K]: row_key [n] (or [n, 1]) against token_ids [n, K] or [K]."""
+    return uniform_of_mixes(row_key, token_mixes(token_ids))
 
-    The [n, K] hash runs on int32 (`_fmix32_int32`), half the bytes of the int64 path, with
-    the same bits.
-    """
-    h = _fmix32_int32(_as_int32(row_key.view(-1, 1)) ^ _as_int32(token_mix(token_ids)))
-    return (((h >> (32 - UNIFORM_BITS)) & ((1 << UNIFORM_BITS) - 1)).float() + 0.5) * (2.0**-UNIFORM_BITS)
+
+def exponential_of_mixes(row_key: torch.Tensor, mixes: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise q > 0, float32 [n, K], a pure function of (row key, token id): ``-log(uniform)``."""
+    return uniform_of_mixes(row_key, mixes).log_().neg_()
+
+
+def token_mixes(token_ids: torch.Tensor) -> torch.Tensor:
+    """`token_mix` as int32 (the same 32 bits), any shape: computed once, hashed against many rows."""
+    return _as_int32(token_mix(token_ids))
+
+
+def uniform_of_mixes(row_key: torch.Tensor, mixes: torch.Tensor) -> torch.Tensor:
+    """`uniform` from `token_mixes` ([n, K] or [K]) and row_key [n]: the [n, K] hash runs in place
+    on int32, with the bits of the uint32 definition (multiplies wrap modulo 2**32; each right
+    shift masks off the copies of the sign bit)."""
+    x = _as_int32(row_key.view(-1, 1)) ^ mixes
+    x ^= (x >> 16) & 0xFFFF
+    x *= 0x85EBCA6B - 2**32
+    x ^= (x >> 13) & 0x7FFFF
+    x *= 0xC2B2AE35 - 2**32
+    x ^= (x >> 16) & 0xFFFF
+    bits = (x >> (32 - UNIFORM_BITS)) & ((1 << UNIFORM_BITS) - 1)
+    return bits.float().add_(0.5).mul_(2.0**-UNIFORM_BITS)
 
 
 def _as_int32(x: torch.Tensor) -> torch.Tensor:
     """uint32 values held in int64 -> the int32 with the same 32 bits."""
     return (x - ((x >> 31) << 32)).to(torch.int32)
-
-
-def _fmix32_int32(x: torch.Tensor) -> torch.Tensor:
-    """`fmix32` on int32 tensors: multiplies wrap modulo 2**32, and each right shift masks
-    off the copies of the sign bit, so the 32 bits are uint32 ``fmix32``'s."""
-    x = x ^ ((x >> 16) & 0xFFFF)
-    x = x * (0x85EBCA6B - 2**32)
-    x = x ^ ((x >> 13) & 0x7FFFF)
-    x = x * (0xC2B2AE35 - 2**32)
-    return x ^ ((x >> 16) & 0xFFFF)
-
-
-def exponential(row_key: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise q > 0, float32 [n, K], a pure function of (row key, token id)."""
-    return -torch.log(uniform(row_key, token_ids))
