@@ -257,16 +257,16 @@ class EngineActor:
 
     def _run(self, config: EngineConfig, loaded: Future) -> None:
         # The model loads on the thread that steps it: torch's OpenMP parallel regions are fast
-        # only on the first thread that opens one. A second thread gets its own team, and with
-        # more OpenMP threads than cores libgomp's workers sleep between regions instead of
-        # spinning: each of a step's thousands of small ops then waits for a wake-up (a 64-stream
-        # step took 185 ms on a second thread against 122 ms, `tests/deployments/test_engine_actor.py`).
+        # only on the first thread that opens one. A second thread gets a team of its own, and
+        # its small ops run as slowly as with OMP_WAIT_POLICY=passive, each waiting for a
+        # worker's wake-up (measured in-process: a 64-stream step in 185 ms on a second thread
+        # against 122 ms; served, 227 ms before this and 163 ms after).
         try:
-            self.engine = self._load(config)
+            engine = self._load(config)
         except BaseException as error:
             loaded.set_exception(error)
             return
-        loaded.set_result(self.engine)
+        loaded.set_result(engine)  # __init__ sets self.engine before any call can wake this loop
         try:
             while not self.stopping:
                 self.wakeup.wait()

@@ -34,7 +34,7 @@ import torch
 
 from sampling.batch import RowParams, SamplingBatch
 from sampling.logprobs import LogprobsTensors, gather_logprobs
-from sampling.ops.draw import Draw, draw
+from sampling.ops.draw import Draw, draw, whole_vocab_race
 from sampling.ops.dry import apply_dry
 from sampling.ops.masks import GrammarMask, apply_allowed, apply_grammar_mask, apply_token_entries, check_some_token_left, rows_left_empty
 from sampling.ops.penalties import apply_penalties, seen_tokens
@@ -205,6 +205,8 @@ class Sampler:
             from sampling.triton import triton_sample
 
             return triton_sample(logits / p.temperature[:, None], p, keys, stages, need_processed, view.drafts)
+        if not stages and view.drafts is None and not need_processed:
+            return Draw(whole_vocab_race(logits, p.temperature, keys), None, None)
         if not stages:
             c = whole_vocab(logits / p.temperature[:, None])
             return _draw_candidates(c, keys, view.drafts, logits.shape[1], need_processed)

@@ -44,15 +44,24 @@ took 368 ms with int64 temporaries in one piece, 33 ms in chunks on int32 (2 thr
 def exponential_race(weights: torch.Tensor, token_ids: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
     """Index of the winner per row, [n] int64. weights / token_ids [n, K] (token_ids may be [K]); row_keys [n]."""
     mixes = token_mixes(token_ids)
-    rows = max(1, RACE_CHUNK_ELEMENTS // max(weights.shape[1], 1))
-    if weights.shape[0] <= rows or weights.device.type != "cpu":
-        return _race(weights, mixes, row_keys)
     per_row = mixes.dim() == 2
-    winners = [
-        _race(weights[start : start + rows], mixes[start : start + rows] if per_row else mixes, row_keys[start : start + rows])
-        for start in range(0, weights.shape[0], rows)
-    ]
+    winners = [_race(weights[rows], mixes[rows] if per_row else mixes, row_keys[rows]) for rows in _row_chunks(weights)]
     return torch.cat(winners)
+
+
+def whole_vocab_race(logits: torch.Tensor, temperature: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
+    """[n] int64 token ids: `draw` from `whole_vocab` candidates of ``logits / temperature`` ([n, V],
+    temperature [n]) with the same bits, with the softmax taken chunk by chunk beside the race so that
+    no [n, V] temporary leaves the cache (a removed token's probability is exactly 0 already)."""
+    mixes = token_mixes(torch.arange(logits.shape[1], device=logits.device))
+    winners = [_race(torch.softmax(logits[rows] / temperature[rows, None], dim=-1), mixes, row_keys[rows]) for rows in _row_chunks(logits)]
+    return torch.cat(winners)
+
+
+def _row_chunks(weights: torch.Tensor) -> list[slice]:
+    """The rows of [n, K] ``weights`` in chunks of about `RACE_CHUNK_ELEMENTS` elements (one chunk off the CPU)."""
+    rows = weights.shape[0] if weights.device.type != "cpu" else max(1, RACE_CHUNK_ELEMENTS // max(weights.shape[1], 1))
+    return [slice(start, start + rows) for start in range(0, max(weights.shape[0], 1), rows)]
 
 
 def _race(weights: torch.Tensor, mixes: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:

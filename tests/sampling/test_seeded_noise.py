@@ -1,5 +1,5 @@
-"""The noise's fast paths compute the same bits as the uint32 definition: the int32 hash, and a
-wide race taken a few rows at a time."""
+"""The noise's fast paths compute the same bits as the uint32 definition: the int32 hash, a wide
+race taken a few rows at a time, and the whole-vocabulary race with its softmax in chunks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sampling.ops.draw as draw_module
-from sampling.ops.draw import exponential_race
+from sampling.ops.draw import draw, exponential_race, whole_vocab_race
 from sampling.ops.seeded_noise import MASK32, UNIFORM_BITS, fmix32, token_mix, uniform
+from sampling.ops.truncation import whole_vocab
 
 EDGE_UINT32 = [0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, MASK32]
 
@@ -50,3 +51,17 @@ def test_a_race_taken_a_few_rows_at_a_time_has_the_same_winners(monkeypatch, per
     whole = exponential_race(weights, token_ids, keys)
     monkeypatch.setattr(draw_module, "RACE_CHUNK_ELEMENTS", 3 * width)  # 3 rows at a time, the last chunk 1 row
     assert torch.equal(exponential_race(weights, token_ids, keys), whole)
+
+
+def test_the_whole_vocabulary_race_draws_what_the_candidates_draw(monkeypatch):
+    generator = torch.Generator().manual_seed(1)
+    rows, vocab = 9, 3000
+    logits = 4 * torch.randn(rows, vocab, generator=generator)
+    logits[0, :2990] = float("-inf")  # a masked row: removed tokens have probability exactly 0
+    logits[1, 5] = 1e4  # one token takes all the mass
+    temperature = torch.linspace(0.2, 1.8, rows)
+    keys = torch.randint(0, 2**32, (rows,), dtype=torch.int64, generator=generator)
+    expected = draw(whole_vocab(logits / temperature[:, None]), keys)
+    monkeypatch.setattr(draw_module, "RACE_CHUNK_ELEMENTS", 2 * vocab)
+    assert torch.equal(whole_vocab_race(logits, temperature, keys), expected)
+    assert whole_vocab_race(logits, temperature, keys)[1] == 5 and whole_vocab_race(logits, temperature, keys)[0] >= 2990
