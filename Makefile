@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: install run test lint bench
+.PHONY: install run stop test lint bench
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 
 run: install
 	$(PY) -m deployments.launch --host $(HOST) --port $(PORT) $(ARGS)
+
+# Stops every Spout `make run` started on this machine (other Ray clusters are not touched).
+stop: install
+	$(PY) -m deployments.stop
 
 test: install
 	$(VENV)/bin/ruff check .

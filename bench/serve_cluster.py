@@ -33,8 +33,9 @@ import ray
 from ray import serve
 from ray.serve import Application
 
+from deployments.driver import direct_ingress_ports
 from deployments.ingress import kill_engines
-from deployments.launch import FAST_PATH_ENV, direct_ingress_ports
+from deployments.launch import FAST_PATH_ENV
 
 PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "default": {},

@@ -22,8 +22,27 @@ with no Ray, is the `deployments.openai` package):
    that `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once.
 """
 
-from deployments.app import build_app
+from __future__ import annotations
 
-app = build_app()
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+
+
+def build_app(args: dict[str, str] | None = None) -> Application:
+    """`deployments.app.build_app`, imported when first called: Ray and torch load then, so that
+    the launcher (``python -m deployments.launch``), which imports this package, starts at once."""
+    from deployments.app import build_app as build
+
+    return build(args)
+
+
+def __getattr__(name: str) -> Application:
+    """``deployments:app``, the app with the defaults, built when Serve asks for it."""
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module 'deployments' has no attribute {name!r}")
+
 
 __all__ = ["app", "build_app"]

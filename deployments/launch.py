@@ -1,57 +1,51 @@
 """``python -m deployments.launch [--host H] [--port P] [key=value ...]``: what ``make run`` runs.
 
-Starts Ray and Serve with the fast path on the one advertised address: HAProxy listens on
-``host:port`` (127.0.0.1:8000 unless told) in front of the ingress replicas, each of which
-serves HTTP itself (Serve's direct ingress, with the app on the replica's main event loop:
-``RAY_SERVE_THROUGHPUT_OPTIMIZED``). Serve's own proxy actor, which costs a Ray call per
-streamed frame, is not on the path. It deploys ``build_app`` with the ``key=value`` options,
-prints the address once the app answers there, and runs until interrupted.
+The launcher stays small and imports no Ray: it starts the Ray driver (`deployments.driver`)
+in a session of its own, marked with ``SPOUT_LAUNCH=<the launcher's pid>`` (`deployments.processes`),
+and stops everything that carries the mark however it is told to stop:
 
-The Ray options are environment variables that Ray's processes read when they start; when
-they are missing the launcher runs itself again with them set. The host is passed to Serve
-explicitly: under HAProxy, Serve's default host would be every interface.
+- SIGINT (Ctrl-C: the terminal's signal reaches only the launcher, the driver is in its own
+  session), SIGTERM or SIGHUP: the driver shuts Ray down (up to `DRIVER_GRACE_S`), then whatever
+  still carries the mark gets SIGTERM and, `processes.TERM_GRACE_S` later, SIGKILL. A second
+  signal skips the wait for the driver.
+- The driver exits or Ray's GCS or raylet ends (``ray stop``, a crash): the same sweep, then the
+  launcher exits with status 1.
+
+Before it starts anything it ends the processes an earlier launcher left (marked, their launcher
+gone), and checks that its ports are free: a port in use is a one-line error that names the
+process holding it and what to do.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
-import httpx
-import ray
-from ray import serve
+import psutil
 
-from deployments.app import build_app
-from deployments.ingress import kill_engines
+from deployments.processes import LAUNCH_ENV, Launch, describe, end_processes, find_launches, marked_processes, port_holders, port_is_free
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 """Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
-APP_NAME = "spout"
-READY_TIMEOUT_S = 900.0  # loading the model
-CONTROLLER = ("SERVE_CONTROLLER_ACTOR", "serve")
+HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
+"""HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind every interface."""
+DRIVER_MODULE = "deployments.driver"
+DRIVER_GRACE_S = 15.0
+WATCH_INTERVAL_S = 0.5
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+VITAL_RAY_PROCESSES = frozenset({"gcs_server", "raylet"})
 
 
-def direct_ingress_ports(app_name: str, serve_port: int) -> list[int]:
-    """The HTTP ports the app's ingress replicas listen on themselves (Serve's target groups as
-    its proxy manager sees them: under HAProxy, other callers are given HAProxy's own port)."""
-    controller = ray.get_actor(*CONTROLLER)
-    groups = ray.get(controller.get_target_groups.remote(app_name, from_proxy_manager=True))
-    return sorted({t.port for g in groups if g.protocol.value == "HTTP" for t in g.targets if t.port != serve_port})
-
-
-def wait_until_healthy(base_url: str, timeout_s: float) -> None:
-    """Poll ``/health`` (no key needed) until it answers 200; RuntimeError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base_url}/health", timeout=30).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the app did not answer on {base_url} within {timeout_s:.0f} s")
+@dataclass(frozen=True)
+class LaunchArgs:
+    host: str
+    port: int
+    options: dict[str, str]
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -65,30 +59,130 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    missing = {name: value for name, value in FAST_PATH_ENV.items() if os.environ.get(name) != value}
-    if missing:  # Ray's processes read these when they start: run again with them set
-        os.execve(sys.executable, [sys.executable, "-m", "deployments.launch", *argv], os.environ | missing)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str]) -> LaunchArgs:
+    parser = argparse.ArgumentParser(prog="python -m deployments.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="the address to serve on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("options", nargs="*", help="build_app options as key=value")
     args = parser.parse_args(argv)
-    app = build_app(parse_options(args.options))
-    ray.init()
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-    base_url = f"http://{args.host}:{args.port}"
-    wait_until_healthy(base_url, READY_TIMEOUT_S)
-    ports = direct_ingress_ports(APP_NAME, args.port)
-    print(f"Spout serves on {base_url}/v1 (HAProxy on port {args.port} in front of the ingress replicas' own ports {ports})", flush=True)
+    return LaunchArgs(args.host, args.port, parse_options(args.options))
+
+
+def listening_ports(args: LaunchArgs) -> dict[int, str]:
+    """The fixed ports a launch listens on (port -> the address it binds); the replicas' own
+    ports and Ray's are chosen free when they start."""
+    haproxy = {int(os.environ.get(name, default)): "0.0.0.0" for name, default in HAPROXY_PORTS.items()}
+    return haproxy | {args.port: args.host}
+
+
+class StopSignals:
+    """Counts SIGINT, SIGTERM and SIGHUP instead of dying of them; the first one's name says why."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._received)
+
+    def _received(self, signum: int, frame: object) -> None:
+        self.count += 1
+        self.first = self.first or signal.Signals(signum).name
+
+
+def clear_stale_launches() -> None:
+    """End what earlier launchers left running (marked processes whose launcher is gone)."""
+    for launch in find_launches():
+        if not launch.launcher_alive:
+            _clear(launch)
+
+
+def _clear(launch: Launch) -> None:
+    left = end_processes(launch.processes)
+    if left:
+        raise SystemExit(f"processes an earlier Spout left could not be ended: {', '.join(describe(p) for p in left)}; end them with `kill -9`")
+    print(f"Ended {len(launch.processes)} processes an earlier Spout (launcher pid {launch.launcher_pid}) left running: {launch.names()}", flush=True)
+
+
+def check_port(host: str, port: int) -> None:
+    """SystemExit with one line that names who holds ``port`` and what to do, unless it is free."""
+    if port_is_free(host, port):
+        return
+    holders = port_holders(port)
+    if any(LAUNCH_ENV in _environ(p) for p in holders):
+        raise SystemExit(f"Spout already serves on port {port} ({describe(holders[0])}): stop it with `make stop` (or Ctrl-C where it runs)")
+    who = f" by {', '.join(describe(p) for p in holders)}" if holders else ""
+    raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:  # Serve keeps a replica's port for 30 s after it stops, for load balancers
-        serve.shutdown()
-        kill_engines(APP_NAME)
+        return process.environ()
+    except psutil.Error:
+        return {}
+
+
+def start_driver(argv: list[str]) -> subprocess.Popen:
+    """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked."""
+    env = os.environ | FAST_PATH_ENV | {LAUNCH_ENV: str(os.getpid())}
+    return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def watch(driver: subprocess.Popen, stops: StopSignals) -> str:
+    """Wait until a stop signal, the driver's exit, or the end of Ray's GCS or raylet; say which."""
+    vital: list[psutil.Process] = []
+    while True:
+        if stops.first:
+            return f"{stops.first} received"
+        if (code := driver.poll()) is not None:
+            return f"the Ray driver exited with status {code}"
+        if len(vital) < len(VITAL_RAY_PROCESSES):  # until both have started
+            vital = [p for p in marked_processes(os.getpid()) if _alive(p) and p.name() in VITAL_RAY_PROCESSES]
+        elif not all(_alive(p) for p in vital):
+            return "Ray's GCS or raylet ended (`ray stop`, or a crash)"
+        time.sleep(WATCH_INTERVAL_S)
+
+
+def stop_driver(driver: subprocess.Popen, stops: StopSignals) -> None:
+    """SIGTERM the driver (it shuts Ray down) and wait up to `DRIVER_GRACE_S`, or until a second signal."""
+    if driver.poll() is not None:
+        return
+    signals_before = stops.count
+    driver.terminate()
+    deadline = time.monotonic() + DRIVER_GRACE_S
+    while driver.poll() is None and time.monotonic() < deadline and stops.count == signals_before:
+        time.sleep(0.1)
+
+
+def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str) -> None:
+    """Stop the driver, then end every process that still carries this launcher's mark."""
+    print(f"Stopping Spout: {reason}", flush=True)
+    if stops.count < 2:
+        stop_driver(driver, stops)
+    left = end_processes(marked_processes(os.getpid()))
+    if left:
+        raise SystemExit(f"Spout could not end {', '.join(describe(p) for p in left)}: end them with `kill -9`")
+    print("Spout stopped: no process of it is left", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    clear_stale_launches()
+    for port, host in listening_ports(args).items():
+        check_port(host, port)
+    stops = StopSignals()
+    driver = start_driver(argv)
+    reason = watch(driver, stops)
+    shut_down(driver, stops, reason)
+    if not stops.count:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

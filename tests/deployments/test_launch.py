@@ -1,11 +1,24 @@
-"""`deployments.launch`'s command line: build_app options as key=value, as ``serve run`` takes them."""
+"""`deployments.launch` without Ray: its command line, the one-line refusal of a port in use, the
+end of what a dead launcher left, and the stop signals it takes. (`test_life_cycle.py` runs it.)"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import parse_options
+from deployments.launch import StopSignals, clear_stale_launches, parse_options
+from deployments.processes import LAUNCH_ENV
+from tests.deployments.launched import Ports
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_options_are_key_value_pairs_build_app_accepts():
@@ -18,3 +31,47 @@ def test_options_are_key_value_pairs_build_app_accepts():
 def test_a_pair_without_a_key_or_value_is_refused(pair):
     with pytest.raises(SystemExit, match="key=value"):
         parse_options([pair])
+
+
+def test_a_port_in_use_is_one_line_that_names_its_holder():
+    ports = Ports()
+    env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(ports.stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(ports.metrics)}
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", ports.serve))
+        listener.listen()
+        command = [sys.executable, "-m", "deployments.launch", "--port", str(ports.serve)]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"port {ports.serve} is in use by pid {os.getpid()} ({psutil.Process().name()}): stop that process or give this one another port"
+    ]
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_start_ends_what_a_dead_launcher_left(capsys):
+    left = subprocess.Popen(["sleep", "600"], env=os.environ | {LAUNCH_ENV: str(dead_pid())})
+    try:
+        clear_stale_launches()
+        left.wait(timeout=10)  # reaped by then: its status is gone
+        assert not psutil.pid_exists(left.pid)
+    finally:
+        left.kill()
+    assert "Ended 1 processes an earlier Spout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_each_stop_signal_is_counted_not_fatal(signum):
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        stops = StopSignals()
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signum)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert (stops.count, stops.first) == (2, signal.Signals(signum).name)

@@ -12,8 +12,8 @@ import ray
 
 from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
+from deployments.driver import wait_until_healthy
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
-from deployments.launch import wait_until_healthy
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"

@@ -1,0 +1,117 @@
+"""The processes one ``make run`` started, found by the mark in their environment, and their ports.
+
+`deployments.launch` starts its Ray driver with ``SPOUT_LAUNCH=<the launcher's pid>`` in the
+environment; every process under it inherits the variable whatever it becomes: Ray's GCS,
+raylet and dashboard, the actors' workers (whose titles Ray rewrites), and the HAProxy a
+worker spawns (which outlives its worker when that is killed). A process keeps its starting
+environment when it is orphaned, so the mark finds what a launcher left behind after it died.
+No Ray here: the launcher uses this before anything imports Ray.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections import defaultdict
+from dataclasses import dataclass
+
+import psutil
+
+LAUNCH_ENV = "SPOUT_LAUNCH"
+"""The launcher's pid, in the environment of everything it started."""
+LAUNCHER_MODULE = "deployments.launch"
+TERM_GRACE_S = 5.0
+KILL_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The processes marked with one launcher's pid, and whether that launcher still runs."""
+
+    launcher_pid: int
+    processes: list[psutil.Process]
+    launcher_alive: bool
+
+    def names(self) -> str:
+        return ", ".join(sorted({_name(p) for p in self.processes}))
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return "?"
+
+
+def _mark(process: psutil.Process) -> int | None:
+    try:
+        value = process.environ().get(LAUNCH_ENV)
+    except (psutil.Error, OSError):  # gone, another user's, or a kernel thread
+        return None
+    return int(value) if value and value.isdigit() else None
+
+
+def is_launcher(pid: int) -> bool:
+    """Whether ``pid`` runs `deployments.launch` (not a later process that reuses the pid)."""
+    try:
+        return LAUNCHER_MODULE in psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+
+
+def find_launches() -> list[Launch]:
+    """Every launcher's marked processes on this machine (this user's, that is: others' are unreadable)."""
+    by_launcher: dict[int, list[psutil.Process]] = defaultdict(list)
+    for process in psutil.process_iter():
+        if (mark := _mark(process)) is not None and process.pid != os.getpid():
+            by_launcher[mark].append(process)
+    return [Launch(pid, processes, is_launcher(pid)) for pid, processes in sorted(by_launcher.items())]
+
+
+def marked_processes(launcher_pid: int) -> list[psutil.Process]:
+    """The processes one launcher started that still run."""
+    return next((launch.processes for launch in find_launches() if launch.launcher_pid == launcher_pid), [])
+
+
+def end_processes(processes: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
+    """SIGTERM, then SIGKILL what is left after ``grace_s``; the processes still alive after that (none, normally)."""
+    alive = processes
+    for send, wait_s in ((psutil.Process.terminate, grace_s), (psutil.Process.kill, KILL_WAIT_S)):
+        for process in alive:
+            try:
+                send(process)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=wait_s)
+    return alive
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (as HAProxy does, with SO_REUSEADDR)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def port_holders(port: int) -> list[psutil.Process]:
+    """The processes listening on ``port`` (on any address), where this user may see them."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
+    pids = {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    return [psutil.Process(pid) for pid in sorted(pids) if psutil.pid_exists(pid)]
+
+
+def describe(process: psutil.Process) -> str:
+    """``pid 123 (haproxy)``, and the launcher that started it where it has the mark."""
+    mark = _mark(process)
+    started = f", started by Spout's launcher pid {mark}" if mark is not None else ""
+    return f"pid {process.pid} ({_name(process)}{started})"
