@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from deployments.processes import LAUNCH_ENV, Launch, describe, end_processes, find_launches, marked_processes, port_holders, port_is_free
+from deployments.processes import LAUNCH_ENV, Launch, describe, end_processes, find_launches, marked_processes, port_holders, port_is_free, process_name
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 """Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
@@ -75,6 +75,14 @@ def listening_ports(args: LaunchArgs) -> dict[int, str]:
     return haproxy | {args.port: args.host}
 
 
+def say(line: str) -> None:
+    """Print a line; a terminal that has closed (SIGHUP) must not stop the launcher from stopping."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        pass
+
+
 class StopSignals:
     """Counts SIGINT, SIGTERM and SIGHUP instead of dying of them; the first one's name says why."""
 
@@ -100,7 +108,7 @@ def _clear(launch: Launch) -> None:
     left = end_processes(launch.processes)
     if left:
         raise SystemExit(f"processes an earlier Spout left could not be ended: {', '.join(describe(p) for p in left)}; end them with `kill -9`")
-    print(f"Ended {len(launch.processes)} processes an earlier Spout (launcher pid {launch.launcher_pid}) left running: {launch.names()}", flush=True)
+    say(f"Ended {len(launch.processes)} processes an earlier Spout (launcher pid {launch.launcher_pid}) left running: {launch.names()}")
 
 
 def check_port(host: str, port: int) -> None:
@@ -143,7 +151,7 @@ def watch(driver: subprocess.Popen, stops: StopSignals) -> str:
         if (code := driver.poll()) is not None:
             return f"the Ray driver exited with status {code}"
         if len(vital) < len(VITAL_RAY_PROCESSES):  # until both have started
-            vital = [p for p in marked_processes(os.getpid()) if _alive(p) and p.name() in VITAL_RAY_PROCESSES]
+            vital = [p for p in marked_processes(os.getpid()) if process_name(p) in VITAL_RAY_PROCESSES and _alive(p)]
         elif not all(_alive(p) for p in vital):
             return "Ray's GCS or raylet ended (`ray stop`, or a crash)"
         time.sleep(WATCH_INTERVAL_S)
@@ -162,13 +170,13 @@ def stop_driver(driver: subprocess.Popen, stops: StopSignals) -> None:
 
 def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str) -> None:
     """Stop the driver, then end every process that still carries this launcher's mark."""
-    print(f"Stopping Spout: {reason}", flush=True)
+    say(f"Stopping Spout: {reason}")
     if stops.count < 2:
         stop_driver(driver, stops)
     left = end_processes(marked_processes(os.getpid()))
     if left:
         raise SystemExit(f"Spout could not end {', '.join(describe(p) for p in left)}: end them with `kill -9`")
-    print("Spout stopped: no process of it is left", flush=True)
+    say("Spout stopped: no process of it is left")
 
 
 def main(argv: list[str] | None = None) -> None:

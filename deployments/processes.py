@@ -34,10 +34,11 @@ class Launch:
     launcher_alive: bool
 
     def names(self) -> str:
-        return ", ".join(sorted({_name(p) for p in self.processes}))
+        return ", ".join(sorted({process_name(p) for p in self.processes}))
 
 
-def _name(process: psutil.Process) -> str:
+def process_name(process: psutil.Process) -> str:
+    """Its name, or ``?`` once it is gone."""
     try:
         return process.name()
     except psutil.Error:
@@ -114,4 +115,4 @@ def describe(process: psutil.Process) -> str:
     """``pid 123 (haproxy)``, and the launcher that started it where it has the mark."""
     mark = _mark(process)
     started = f", started by Spout's launcher pid {mark}" if mark is not None else ""
-    return f"pid {process.pid} ({_name(process)}{started})"
+    return f"pid {process.pid} ({process_name(process)}{started})"
