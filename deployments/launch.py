@@ -117,7 +117,7 @@ def check_port(host: str, port: int) -> None:
         return
     holders = port_holders(port)
     if any(LAUNCH_ENV in _environ(p) for p in holders):
-        raise SystemExit(f"Spout already serves on port {port} ({describe(holders[0])}): stop it with `make stop` (or Ctrl-C where it runs)")
+        raise SystemExit(f"port {port} is held by a running Spout ({describe(holders[0])}): stop it with `make stop` (or Ctrl-C where it runs)")
     who = f" by {', '.join(describe(p) for p in holders)}" if holders else ""
     raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
 
