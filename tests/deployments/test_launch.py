@@ -47,6 +47,24 @@ def test_a_port_in_use_is_one_line_that_names_its_holder():
     ]
 
 
+def test_a_port_a_running_spout_holds_is_named_with_the_way_to_stop_it():
+    ports = Ports()
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "deployments.launch"])  # its command line names the launcher
+    listen = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {ports.serve})); s.listen(); print(flush=True); time.sleep(120)"
+    holder = subprocess.Popen([sys.executable, "-c", listen], env=os.environ | {LAUNCH_ENV: str(launcher.pid)}, stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # listening
+        env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(ports.stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(ports.metrics)}
+        command = [sys.executable, "-m", "deployments.launch", "--port", str(ports.serve)]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        holder.kill()
+        launcher.kill()
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"port {ports.serve} is held by a running Spout (pid {holder.pid} ")
+    assert done.stderr.rstrip().endswith("stop it with `make stop` (or Ctrl-C where it runs)")
+
+
 def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
