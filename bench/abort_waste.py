@@ -38,14 +38,13 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import httpx
-import ray
 
 from bench.common import print_table, quietness, write_results
 from bench.load_client import percentile
 from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
-from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.ingress import app_engine
 from engine.config import DEFAULT_MODEL
 
 ROUNDS = {16: 4, 256: 1}  # concurrency -> rounds of streams, for enough requests per row
@@ -185,7 +184,7 @@ def run_model(cluster: ServeCluster, model: str) -> list[dict]:
     port = cluster.deploy(build_app({"model": model, "max_num_seqs": 256, "max_model_len": 512}), "spout")
     try:
         warm_up(port, model)
-        engine = ray.get_actor(engine_name("spout", model, 0), namespace=ENGINE_NAMESPACE)
+        engine = app_engine("spout", 0)
         rows = []
         for concurrency in ROUNDS:
             rows += asyncio.run(measure(f"http://127.0.0.1:{port}", engine, model, concurrency))

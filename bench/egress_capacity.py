@@ -35,6 +35,7 @@ from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
 from bench.serve_load import idle_cpu_percent, warm_up
 from bench.synthetic_engine import StepRate, SyntheticEngineActor
 from deployments import build_app
+from deployments.config import ServeArgs
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
 
 HOST = "127.0.0.1"
@@ -52,17 +53,19 @@ TIMEOUT_S = 600
 SETTLE_S = 2.0
 
 
-def start_engine(app: str, rate: StepRate) -> object:
-    """The synthetic engine under the name the app's ingress looks its engine up by."""
+def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> object:
+    """The synthetic engine under the name the app's ingress (built with ``options``) looks its engine up by."""
     actor = ray.remote(max_concurrency=10_000)(SyntheticEngineActor)
-    return actor.options(name=engine_name(app, MODEL, 0), namespace=ENGINE_NAMESPACE, lifetime="detached", num_cpus=1).remote(rate, 4096)
+    name = engine_name(app, ServeArgs.from_options(options, os.environ), 0)
+    return actor.options(name=name, namespace=ENGINE_NAMESPACE, lifetime="detached", num_cpus=1).remote(rate, 4096)
 
 
 def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) -> tuple[dict, dict]:
     """One rate and detok mode: its row and the idle CPU it was measured against."""
     app = f"{detok}-{rate.max_num_seqs}"
-    engine = start_engine(app, rate)
-    cluster.deploy(build_app({"model": MODEL, "max_num_seqs": rate.max_num_seqs, **DETOK_MODES[detok]}), app)
+    options = {"model": MODEL, "max_num_seqs": rate.max_num_seqs, **DETOK_MODES[detok]}
+    engine = start_engine(app, rate, options)
+    cluster.deploy(build_app(options), app)
     warm_up(cluster.port, MODEL)
     bodies = [completion_body(MODEL, i, max_tokens, stream=True) for i in range(rate.max_num_seqs)]
     load_average = os.getloadavg()[0]

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
+import json
 import logging
 import os
 import traceback
 import uuid
+from dataclasses import asdict
 from typing import TypeVar
 
 import ray
 from ray import serve
+from ray.serve.schema import ApplicationStatus
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -52,13 +56,30 @@ HEALTH_TIMEOUT_S = 10.0
 RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
 
 
-def engine_name(app_name: str, model_name: str, index: int) -> str:
-    """Engine actor ``index`` of a Serve application (in `ENGINE_NAMESPACE`)."""
-    return f"{_engine_prefix(app_name)}{model_name}/{index}"
+def engine_key(args: ServeArgs) -> str:
+    """A hash of what an application's engines are built from (model, engine configuration, queue,
+    placement): engines of another key belong to another deployment of the application."""
+    built_from = [asdict(args.engine_config()), args.max_waiting_requests, args.num_engines, args.engine_resource]
+    return hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def engine_name(app_name: str, args: ServeArgs, index: int) -> str:
+    """Engine actor ``index`` of one deployment of a Serve application (in `ENGINE_NAMESPACE`)."""
+    return f"{_deployment_prefix(app_name, args)}{index}"
+
+
+def _deployment_prefix(app_name: str, args: ServeArgs) -> str:
+    return f"{_engine_prefix(app_name)}{args.model_name}/{engine_key(args)}/"
 
 
 def _engine_prefix(app_name: str) -> str:
     return f"spout-engine/{app_name}/"
+
+
+def app_engines(app_name: str) -> list[str]:
+    """The names of a Serve application's engine actors, whichever deployment of it made them."""
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"] for a in actors if a["namespace"] == ENGINE_NAMESPACE and a["name"].startswith(_engine_prefix(app_name)))
 
 
 def engine_placement(args: ServeArgs, cluster_resources: dict[str, float]) -> tuple[int, dict[str, object]]:
@@ -75,23 +96,44 @@ def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
     """The application's engine actors (`engine_placement`): created by the first replica that
     asks, then found by name. They are detached, so they belong to the application, not to that
     replica: they outlive every ingress replica, and Ray restarts them when they die (on a node
-    with their resource, waiting for one to join if none is left). `kill_engines` removes them
-    (Ray's shutdown does too)."""
+    with their resource, waiting for one to join if none is left). Engines of the application
+    that another configuration made (a redeploy that changed it) are ended here; the replica's
+    ``__del__`` ends them all when the application is deleted."""
     count, resources = engine_placement(args, ray.cluster_resources())
     actor = ray.remote(max_restarts=-1, max_concurrency=10_000)(EngineActor)
-    return [
-        actor.options(name=engine_name(app_name, args.model_name, i), namespace=ENGINE_NAMESPACE, lifetime="detached", get_if_exists=True, **resources).remote(
+    handles = [
+        actor.options(name=engine_name(app_name, args, i), namespace=ENGINE_NAMESPACE, lifetime="detached", get_if_exists=True, **resources).remote(
             args.engine_config(), args.max_waiting_requests
         )
         for i in range(count)
     ]
+    kill_engines(app_name, keep_prefix=_deployment_prefix(app_name, args))
+    return handles
 
 
-def kill_engines(app_name: str) -> None:
-    """End a deleted application's engine actors (Serve does not know them)."""
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == ENGINE_NAMESPACE and actor["name"].startswith(_engine_prefix(app_name)):
-            ray.kill(ray.get_actor(actor["name"], namespace=ENGINE_NAMESPACE), no_restart=True)
+def app_engine(app_name: str, index: int) -> object:
+    """Engine actor ``index`` of a Serve application (of its one deployment, once a redeploy has settled)."""
+    name = next(name for name in app_engines(app_name) if name.endswith(f"/{index}"))
+    return ray.get_actor(name, namespace=ENGINE_NAMESPACE)
+
+
+def kill_engines(app_name: str, keep_prefix: str | None = None) -> None:
+    """End an application's engine actors (Serve does not know them), but those whose names start with ``keep_prefix``."""
+    for name in app_engines(app_name):
+        if keep_prefix is None or not name.startswith(keep_prefix):
+            try:
+                ray.kill(ray.get_actor(name, namespace=ENGINE_NAMESPACE), no_restart=True)
+            except ValueError:  # another replica ended it first
+                pass
+
+
+def application_running(app_name: str) -> bool:
+    """Whether Serve still runs or deploys ``app_name``: not once it is being deleted, or Serve shut down."""
+    try:
+        status = serve.status().applications.get(app_name)
+    except Exception:  # Serve's controller is gone, and the application with it
+        return False
+    return status is not None and status.status != ApplicationStatus.DELETING
 
 
 class Ingress:
@@ -101,13 +143,22 @@ class Ingress:
         self.args = ServeArgs.from_options(args, os.environ)
         self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
-        self.engines = engine_handles(self.args, serve.get_replica_context().app_name)
+        self.app_name = serve.get_replica_context().app_name
+        self.engines = engine_handles(self.args, self.app_name)
         self.metrics = IngressMetrics()
         self.encoder = PromptEncoder(self.tokenizer)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.engine_client: asyncio.Task[EngineClient] | None = None
         self.max_model_len: int | None = None
+
+    def __del__(self) -> None:
+        """Serve calls this when the replica stops: when the application is being deleted (or Serve
+        shuts down), its engines go with it; a replica that scales down or gives way to a redeploy
+        leaves them. Once only: Python calls it again when it collects the replica."""
+        app_name = self.__dict__.pop("app_name", None)
+        if app_name is not None and not application_running(app_name):
+            kill_engines(app_name)
 
     async def _ready(self) -> EngineClient:
         """The replica's one `EngineClient` (one output loop per engine), made by the first request;

@@ -36,7 +36,7 @@ from ray.util.state import list_actors
 
 from bench.serve_cluster import free_port
 from deployments import build_app
-from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.ingress import app_engine
 
 FULL = os.environ.get("SPOUT_E2E_FULL") == "1"
 STREAMS = 64 if FULL else 24
@@ -196,7 +196,7 @@ async def serve_and_lose_nodes(cluster: Cluster, nodes: dict[str, object], node_
 
 
 def engine(index: int):
-    return ray.get_actor(engine_name(APP, "tiny-random", index), namespace=ENGINE_NAMESPACE)
+    return app_engine(APP, index)
 
 
 async def remove_ingress(cluster: Cluster, node, clients: Clients) -> dict:

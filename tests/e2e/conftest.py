@@ -8,12 +8,11 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
-import ray
 
 from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.driver import wait_until_healthy
-from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.ingress import app_engine
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"
@@ -30,7 +29,7 @@ class Server:
     api_key: str
 
     def engine(self, index: int = 0):
-        return ray.get_actor(engine_name("spout", self.model, index), namespace=ENGINE_NAMESPACE)
+        return app_engine("spout", index)
 
     def http(self, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"}

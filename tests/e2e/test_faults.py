@@ -12,7 +12,7 @@ import time
 import httpx
 import ray
 
-from deployments.ingress import engine_name
+from deployments.ingress import app_engines
 from tests.e2e.probes import FULL_SIZE, greedy_body, greedy_text, serve_replicas, sse_payloads
 
 NUM_STREAMS = 256
@@ -127,6 +127,6 @@ def test_engine_dies_mid_stream_then_recovers(server):
 
 def test_the_engine_belongs_to_the_application_not_to_an_ingress_replica(server):
     """Detached, so it outlives every ingress replica (one owned by a replica would die with it)."""
-    name = engine_name("spout", server.model, 0)
+    [name] = app_engines("spout")
     [engine] = [a for a in ray._private.state.actors().values() if a["Name"] == name and a["State"] == "ALIVE"]
     assert engine["IsDetached"]
