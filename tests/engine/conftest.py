@@ -4,13 +4,19 @@ import pytest
 
 from engine.config import DEFAULT_MODEL
 from engine.core import EngineCore
-from engine.loader.checkpoint import TINY_RANDOM, Checkpoint, load_checkpoint
+from engine.loader.checkpoint import Checkpoint, ModelNotFoundError, load_checkpoint
+from engine.loader.random_weights import TINY_RANDOM
 from engine.request import EngineOutput
 
 
 @pytest.fixture(scope="session")
 def smollm_checkpoint() -> Checkpoint:
-    return load_checkpoint(DEFAULT_MODEL)
+    """The default model's weights; skipped only where they are not installed (a bare GPU machine:
+    `make install` always installs them, so CI runs these tests)."""
+    try:
+        return load_checkpoint(DEFAULT_MODEL)
+    except ModelNotFoundError as error:
+        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="session")
