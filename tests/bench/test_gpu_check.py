@@ -32,9 +32,10 @@ def test_failed_tests_are_read_from_verbose_lines_and_the_summary():
             "tests/b.py::test_three[x-1] ERROR [ 30%]",
             "FAILED tests/a.py::test_two - AssertionError: 1 != 2",
             "FAILED tests/c.py::test_four - RuntimeError",
+            "ERROR tests/d.py",
         ]
     )
-    assert failed_tests(output) == ["tests/a.py::test_two", "tests/b.py::test_three[x-1]", "tests/c.py::test_four"]
+    assert failed_tests(output) == ["tests/a.py::test_two", "tests/b.py::test_three[x-1]", "tests/c.py::test_four", "tests/d.py"]
 
 
 def test_dry_run_runs_every_step_and_writes_its_files(tmp_path):

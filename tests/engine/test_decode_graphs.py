@@ -1,6 +1,6 @@
-"""Decode graphs' buckets, padding and replay bookkeeping, on the CPU (`eager_capture` stands in for
-CUDA graphs; the paged-attention kernel runs under the Triton interpreter). Graphs themselves are
-checked on a GPU by `make gpu-check` (greedy tokens with and without them)."""
+"""Decode graphs' buckets, padding and replay bookkeeping: with CUDA graphs on a GPU, and on the CPU
+with `eager_capture` standing in for them (the paged-attention kernel then runs under the Triton
+interpreter). `make gpu-check` also compares greedy tokens with and without graphs on a GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.decode_graphs import DecodeGraphs, batch_buckets, eager_capture
+from engine.decode_graphs import DecodeGraphs, GraphCapture, batch_buckets, cuda_graph_capture, eager_capture
 from engine.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
@@ -19,6 +19,11 @@ from tests.engine.mixed_workload import run_mixed
 from tests.engine.test_paged_kv import PRE_PAGING_TOKENS
 
 BLOCK_SIZE = 4
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def capture() -> GraphCapture:
+    return cuda_graph_capture(torch.cuda.graph_pool_handle()) if DEVICE.type == "cuda" else eager_capture
 
 
 @given(st.integers(1, 600))
@@ -33,11 +38,11 @@ def test_buckets_hold_every_batch_up_to_the_largest(max_batch):
 def model_and_cache(tiny_checkpoint):
     model = LlamaForCausalLM(tiny_checkpoint.config, max_positions=64)
     model.load_weights(tiny_checkpoint.weights)
-    cache = PagedKVCache(tiny_checkpoint.config, num_blocks=48, block_size=BLOCK_SIZE, dtype=torch.float32, device=torch.device("cpu"))
+    cache = PagedKVCache(tiny_checkpoint.config, num_blocks=48, block_size=BLOCK_SIZE, dtype=torch.float32, device=DEVICE)
     generator = torch.Generator().manual_seed(3)
     for tensor in (*cache.keys, *cache.values):
         tensor.copy_(torch.randn(tensor.shape, generator=generator))
-    return model.eval(), cache
+    return model.to(DEVICE).eval(), cache
 
 
 def decode_chunks(lengths: list[int], first_block: int) -> list[ScheduledChunk]:
@@ -51,7 +56,7 @@ def decode_chunks(lengths: list[int], first_block: int) -> list[ScheduledChunk]:
 
 
 def eager_hidden(model, cache, input_ids, chunks):
-    meta = build_attention_metadata(chunks, BLOCK_SIZE, torch.device("cpu"), decode_kernel=True)
+    meta = build_attention_metadata(chunks, BLOCK_SIZE, DEVICE, decode_kernel=True)
     return model(input_ids, meta, cache.keys, cache.values)
 
 
@@ -61,12 +66,12 @@ def snapshot(cache: PagedKVCache) -> list[torch.Tensor]:
 
 def test_padded_replay_equals_the_eager_step_and_touches_only_its_own_slots(model_and_cache):
     model, cache = model_and_cache
-    graphs = DecodeGraphs(model, cache, max_batch=12, max_model_len=40, capture=eager_capture)
+    graphs = DecodeGraphs(model, cache, max_batch=12, max_model_len=40, capture=capture())
     assert graphs.buckets == [1, 2, 4, 8, 16]
     # A wide step first, so the narrower one's padding rows hold stale rows of real sequences.
     for lengths, first_block in (([9, 17, 4, 30, 12, 8, 21, 5, 16, 3], 0), ([13, 6, 25], 1)):
         chunks = decode_chunks(lengths, first_block)
-        input_ids = torch.tensor([100 + 7 * index for index in range(len(chunks))])
+        input_ids = torch.tensor([100 + 7 * index for index in range(len(chunks))], device=DEVICE)
         before = snapshot(cache)
         expected = eager_hidden(model, cache, input_ids, chunks)
         eager_writes = snapshot(cache)
@@ -97,18 +102,23 @@ def test_steps_that_are_not_plain_decodes_stay_eager(model_and_cache):
 
 def test_engine_with_decode_graphs_gives_the_pre_paging_tokens(tiny_checkpoint, monkeypatch):
     """The mixed workload (decodes, prefill chunks, verified drafts, guidance, a seeded draw) with
-    decode steps through the graphs' buffers: the same tokens as without them."""
-    init = ModelRunner.__init__
+    decode steps replayed from the graphs (on CUDA by default; on the CPU through their buffers with
+    eager capture): the same tokens as without them."""
+    init, run = ModelRunner.__init__, DecodeGraphs.run
     batches = []
 
-    def with_graphs(self, checkpoint, config: EngineConfig, *args, **kwargs):
+    def with_eager_graphs(self, checkpoint, config: EngineConfig, *args, **kwargs):
         init(self, checkpoint, config, *args, **kwargs)
         self.paged_decode_kernel = True
         self.decode_graphs = DecodeGraphs(self.model, self.kv_cache, config.max_num_seqs, config.max_model_len, eager_capture)
-        run = self.decode_graphs.run
-        self.decode_graphs.run = lambda input_ids, chunks: batches.append(len(chunks)) or run(input_ids, chunks)
 
-    monkeypatch.setattr(ModelRunner, "__init__", with_graphs)
+    def counted_run(self, input_ids, chunks):
+        batches.append(len(chunks))
+        return run(self, input_ids, chunks)
+
+    if DEVICE.type == "cpu":
+        monkeypatch.setattr(ModelRunner, "__init__", with_eager_graphs)
+    monkeypatch.setattr(DecodeGraphs, "run", counted_run)
     _, outputs = run_mixed(tiny_checkpoint)
     assert outputs == PRE_PAGING_TOKENS
     assert len(batches) > 10 and any(batch not in (1, 2, 4, 8) for batch in batches)  # decode steps replayed, some padded

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine.loader.checkpoint import DEFAULT_TOKENIZER_ENV, default_tokenizer, export_default_tokenizer
 from engine.loader.random_weights import RANDOM_MODEL_SHAPES, SMOLLM2_SHAPE_RANDOM, random_weights
+from tests.engine.conftest import requires_default_model
 
 
 def test_smollm2_shape_is_the_default_models(smollm_checkpoint):
@@ -41,11 +42,13 @@ def tokenizers(tmp_path_factory):
         return gguf, default_tokenizer()
 
 
+@requires_default_model
 def test_exported_tokenizer_has_the_ggufs_special_tokens_and_template(tokenizers):
     gguf, ours = tokenizers
     assert (ours.eos_token_ids, ours.bos_token_id, ours.chat_template) == (gguf.eos_token_ids, gguf.bos_token_id, gguf.chat_template)
 
 
+@requires_default_model
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(alphabet=st.characters(codec="utf-8"), max_size=60) | st.sampled_from(["<|im_start|>user\nhi<|im_end|>", "  \n\t x", "héllo 世界 🙂"]))
 def test_exported_tokenizer_encodes_and_decodes_as_the_gguf(tokenizers, text):
