@@ -79,6 +79,37 @@ class ToolCall(BaseModel):
         return {"id": self.id, "type": self.type, "function": {"name": self.function.name, "arguments": self.parsed_arguments()}}
 
 
+class FunctionCallDelta(BaseModel):
+    """A piece of a call's function: its name in the call's first piece, and a piece of its arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A stream chunk's piece of a call, as vLLM streams them: the call's first piece has its ``id``,
+    ``type`` and name, the later ones only ``index`` and more arguments; the pieces' arguments
+    concatenate to the call's."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @classmethod
+    def opening(cls, index: int, call: ToolCall) -> ToolCallDelta:
+        return cls(index=index, id=call.id, type=call.type, function=FunctionCallDelta(name=call.function.name, arguments=call.function.arguments))
+
+    @classmethod
+    def more_arguments(cls, index: int, arguments: str) -> ToolCallDelta:
+        return cls(index=index, function=FunctionCallDelta(arguments=arguments))
+
+    def wire(self) -> dict[str, object]:
+        return self.model_dump(exclude_none=True)
+
+
 def parameters_schema(function: FunctionDefinition) -> dict[str, Any]:
     """The schema of a function's arguments: its ``parameters``, or any JSON object."""
     return function.parameters if function.parameters is not None else {"type": "object"}
