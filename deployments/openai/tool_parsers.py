@@ -93,10 +93,12 @@ class HermesToolParser(ToolCallParser):
             if self.in_call:
                 end = self.pending.find(self.END, searched)
                 if end < 0:
-                    # Over the limit even if the end tag has begun: not a call we keep, it is text.
+                    # Over the limit even if the end tag has begun: not a call we keep, it is text
+                    # (but for a tail that may start the next call).
                     if len(self.pending.encode()) >= self.max_call_bytes + len(self.END):
-                        parsed.content += self.START + self.pending
-                        self.pending, self.in_call = "", False
+                        keep = held_back(self.pending, self.START)
+                        parsed.content += self.START + self.pending[: len(self.pending) - keep]
+                        self.pending, self.in_call = self.pending[len(self.pending) - keep :], False
                     return parsed
                 parsed += self._close(self.pending[:end])
                 self.pending, self.in_call = self.pending[end + len(self.END) :], False
