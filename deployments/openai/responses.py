@@ -14,7 +14,7 @@ from deployments.openai.tools import ToolCall, ToolCallDelta
 DONE_FRAME = "data: [DONE]\n\n"
 FRAME_END = "]}\n\n"
 """How every chunk frame ends: its ``choices`` list, its object, the SSE blank line."""
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # a frame is JSON or not written (NaN, infinities raise)
 
 
 def sse(payload: dict[str, object]) -> str:

@@ -7,11 +7,12 @@ A function's ``parameters`` is a JSON schema; it reaches the model as the client
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.openai.model_json import read_json
 
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 """OpenAI's rule for function names (letters, digits, ``_.:-``, at most 64)."""
@@ -69,10 +70,8 @@ class ToolCall(BaseModel):
 
     def parsed_arguments(self) -> object:
         """The arguments as JSON values when they parse, else the text as sent."""
-        try:
-            return json.loads(self.function.arguments)
-        except json.JSONDecodeError:
-            return self.function.arguments
+        read = read_json(self.function.arguments)
+        return self.function.arguments if read is None else read.value
 
     def template_form(self) -> dict[str, object]:
         """The call as Hugging Face chat templates read it, ``function.arguments`` parsed."""
