@@ -16,7 +16,7 @@ from deployments.engine_client import EngineClient
 from deployments.metrics import IngressMetrics
 from deployments.openai.protocol import ChatCompletionRequest, StreamUsage
 from deployments.openai.responses import ResponseFormat
-from deployments.openai.tool_calls import tool_call_output
+from deployments.openai.tool_calls import ChoiceToolCalls, tool_call_output
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from engine.request import EngineOutput, FinishReason
@@ -135,3 +135,24 @@ def test_a_forced_call_cut_by_max_tokens_is_a_call_streamed_piece_by_piece(tool_
     assert [(c["name"], c["arguments"]) for c in calls] == [(name, arguments)]
     pieces = [f for chunk in chunks for choice in chunk["choices"] for f in choice["delta"].get("tool_calls", [])]
     assert len(pieces) > 10  # as generated, a few tokens per chunk, not in one piece at the end
+
+
+def test_a_fault_nobody_foresaw_ends_the_stream_with_an_error_frame(monkeypatch):
+    """Whatever raises while a response streams (here the tool-call reader), the stream ends with
+    an OpenAI error frame and [DONE], never cut."""
+
+    def broken(self, text, finished):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(ChoiceToolCalls, "feed", broken)
+
+    async def frames() -> str:
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=1 << 20, tokens_per_call=256)
+        client = EngineClient([ScriptedEngine(3)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        submission = await client.submit(response_format(), [TOKENIZER.encode("Weather?")], SamplingParams(max_tokens=None), echo=False)
+        return "".join([f async for f in client.stream(submission, StreamUsage(final=False, continuous=False))])
+
+    text = asyncio.run(frames())
+    assert text.endswith(
+        'data: {"error": {"message": "internal server error", "type": "server_error", "param": null, "code": "internal_server_error"}}\n\ndata: [DONE]\n\n'
+    )
