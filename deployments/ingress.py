@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import os
-import traceback
 import uuid
 from typing import TypeVar
 
@@ -31,7 +29,7 @@ from deployments.limits import (
     check_structured_outputs,
 )
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
-from deployments.openai.errors import APIError
+from deployments.openai.errors import APIError, internal_error
 from deployments.openai.event_stream import EventStream
 from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -43,8 +41,6 @@ from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
 from engine.tokenizer import ChatTemplateError
 from sampling.params import SamplingParams
-
-logger = logging.getLogger(__name__)
 
 ENGINE_NAMESPACE = "spout"
 ENGINE_START_TIMEOUT_S = 600.0  # loading the model
@@ -127,9 +123,8 @@ class Ingress:
             response = await self._route(request)
         except APIError as error:
             response = error.response()
-        except Exception as error:  # the type and the frames only: a message may quote the request's text
-            logger.error("unhandled %s on %s\n%s", type(error).__name__, request.url.path, "".join(traceback.format_tb(error.__traceback__)))
-            response = APIError(500, "internal server error").response()
+        except Exception as error:
+            response = internal_error(error, request.url.path).response()
         self.metrics.requests.inc(str(response.status_code))
         return response
 
