@@ -56,9 +56,11 @@ class EngineClient:
         detok: DetokClient,
         metrics: IngressMetrics,
         stream_interval: int = 1,
+        stream_idle_timeout_s: float | None = None,
     ) -> None:
         self.engines = engines
         self.stream_interval = stream_interval
+        self.stream_idle_timeout_s = stream_idle_timeout_s
         self.subscriber = subscriber
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
@@ -108,7 +110,7 @@ class EngineClient:
         prompt); choice index = prompt index * n + i."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
-        mailbox = Mailbox(self.stream_interval)
+        mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
         streams, requests, echo_texts = [], [], []
         request_of_stream: list[int] = []
         for prompt_index, prompt in enumerate(prompts):

@@ -18,6 +18,7 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
+from deployments.health import SharedCheck
 from deployments.limits import (
     check_context_length,
     check_echo,
@@ -45,6 +46,8 @@ from sampling.params import SamplingParams
 ENGINE_NAMESPACE = "spout"
 ENGINE_START_TIMEOUT_S = 600.0  # loading the model
 HEALTH_TIMEOUT_S = 10.0
+HEALTH_MAX_AGE_S = 1.0
+"""/health (open without a key) checks the engines at most once a second; callers in between share the outcome."""
 RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
 
 
@@ -104,6 +107,7 @@ class Ingress:
         self.subscriber = uuid.uuid4().hex
         self.engine_client: asyncio.Task[EngineClient] | None = None
         self.max_model_len: int | None = None
+        self.health_check = SharedCheck(self._check_engines, HEALTH_MAX_AGE_S)
 
     async def _ready(self) -> EngineClient:
         """The replica's one `EngineClient` (one output loop per engine), made by the first request;
@@ -116,7 +120,7 @@ class Ingress:
     async def _start(self) -> EngineClient:
         lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
         self.max_model_len = min(lengths)
-        return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval)
+        return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval, self.args.stream_idle_timeout_s)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -242,12 +246,15 @@ class Ingress:
 
     async def health(self, request: Request) -> Response:
         try:
-            await asyncio.wait_for(self._ready(), HEALTH_TIMEOUT_S)
-            for engine in self.engines:
-                await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)  # type: ignore[attr-defined]
+            await self.health_check()
         except Exception as error:
             raise APIError(503, f"unhealthy: {error}", code="unhealthy") from error
         return PlainTextResponse("ok")
+
+    async def _check_engines(self) -> None:
+        await asyncio.wait_for(self._ready(), HEALTH_TIMEOUT_S)
+        for engine in self.engines:
+            await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)  # type: ignore[attr-defined]
 
     async def metrics_text(self, request: Request) -> Response:
         engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
