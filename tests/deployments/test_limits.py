@@ -101,9 +101,10 @@ def test_chat_message_bytes_together_with_a_charge_per_message():
 
 
 def test_number_of_messages():
-    check_messages(LIMITS.model_copy(update={"max_prompt_bytes": 10**6}), [], num_messages=3, num_tools=0)
+    roomy = LIMITS.model_copy(update={"max_prompt_bytes": 10**6})
+    check_messages(roomy, [], num_messages=3, num_tools=0)
     with pytest.raises(APIError, match=r"4 messages .*limit of 3 \(max_messages\)") as refused:
-        check_messages(LIMITS.model_copy(update={"max_prompt_bytes": 10**6}), [], num_messages=4, num_tools=0)
+        check_messages(roomy, [], num_messages=4, num_tools=0)
     assert (refused.value.status, refused.value.param, refused.value.code) == (400, "messages", "limit_exceeded")
 
 
