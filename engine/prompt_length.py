@@ -1,7 +1,7 @@
 """`PromptLength`: refusing a text too long for the context without tokenizing all of it.
 
-A 256 KiB prompt holds about 30 times the tokens of an 8k context, and tokenizing it whole
-before refusing it costs a worker about a fifth of a second. `PromptLength.check` proves a
+A 256 KiB prompt can hold tens of times the tokens of a 2,048-token context, and tokenizing
+it whole before refusing it costs a worker about a fifth of a second. `PromptLength.check` proves a
 text too long from a bounded prefix of the work, two ways:
 
 - By bytes, before tokenizing: no token stands for more bytes of text than its own string
@@ -10,9 +10,9 @@ text too long from a bounded prefix of the work, two ways:
   with no normalizer (one could shrink the text) and no unknown token that fuses a run of
   unknown characters.
 - By pieces: a long text is tokenized a piece at a time, cut where whitespace follows other
-  text (a pre-token boundary, so there the pieces' tokens add up to the whole's), or at the
+  text (a pre-token boundary of byte-level BPE, where the pieces' tokens add up to the whole's), or at the
   piece's length where none does within `CUT_WINDOW` characters; the count stops as soon as
-  the pieces' tokens, less `CUT_MARGIN` per cut, pass the limit.
+  the pieces' tokens, less `CUT_MARGIN` per piece, pass the limit.
 
 A text that passes may still be too long: its own encoding then decides.
 """
@@ -66,9 +66,9 @@ class PromptLength:
 
     def _count_pieces(self, text: str, max_tokens: int) -> None:
         counted = 0
-        for cuts, (start, end) in enumerate(self._pieces(text), start=1):  # a piece's count may already hold what its end cut adds
+        for pieces, (start, end) in enumerate(self._pieces(text), start=1):  # a piece's count may hold what the cut at its end adds
             counted += len(self.tokenizer.encode(text[start:end], add_special_tokens=False))
-            at_least = counted - cuts * CUT_MARGIN
+            at_least = counted - pieces * CUT_MARGIN
             if at_least > max_tokens:
                 raise PromptTooLong(at_least, max_tokens)
 
