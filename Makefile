@@ -8,7 +8,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: install run test lint bench
+# `make gpu-check` runs on a bare CUDA machine with that machine's python3 (see bench/gpu_check.py):
+# `make gpu-prepare` here first, then carry .gpu/ there; `make gpu-check DRY_RUN=1` runs it on the CPU.
+GPU_PYTHON ?= python3
+OUT ?= gpu-check-out
+
+.PHONY: install run test lint bench gpu-prepare gpu-check
 
 install: $(STAMP)
 
@@ -34,3 +39,9 @@ lint: install
 
 bench: install
 	$(PY) -m bench.engine --quick
+
+gpu-prepare: install
+	$(PY) -m bench.gpu_check prepare
+
+gpu-check:
+	$(GPU_PYTHON) -m bench.gpu_check run --out $(OUT) $(if $(DRY_RUN),--dry-run)

@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 
 import torch
+import triton
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -20,9 +21,11 @@ def machine_info() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": triton.__version__,
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
     return info
 
 
@@ -61,9 +64,9 @@ def _format(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def write_results(name: str, rows: list[dict[str, object]], **extra: object) -> Path:
-    """Write ``{"machine", "rows", **extra}`` to bench/results/<name>.json and return the path."""
-    RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, rows: list[dict[str, object]], out: Path | None = None, **extra: object) -> Path:
+    """Write ``{"machine", "rows", **extra}`` to ``out`` (default bench/results/<name>.json) and return the path."""
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine_info(), **extra, "rows": rows}, indent=2) + "\n")
     return path

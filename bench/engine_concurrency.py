@@ -1,10 +1,10 @@
 """The engine under concurrency, on its defaults (paged KV cache, max_num_seqs 256, prefix caching).
 
-``python -m bench.engine_concurrency [--quick] [--model M] [--device D]`` adds N greedy
+``python -m bench.engine_concurrency [--quick] [--model M] [--device D] [--out PATH]`` adds N greedy
 requests at once and steps until all finish: TTFT (from the start to each request's
 first token) p50/p99 and output tokens/s, for distinct 128-token prompts at 64 and 256
-sequences (on the default dtype, then in bfloat16), and for prompts that share a 200-token system prompt with prefix caching on
-and off. Prints a table and writes bench/results/engine_concurrency.json.
+sequences (in float32, then in bfloat16), and for prompts that share a 200-token system prompt with prefix caching on
+and off. Prints a table and writes bench/results/engine_concurrency.json (or ``--out``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 from bench.common import device_label, print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
@@ -80,12 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 and 64 sequences, 16 output tokens")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/engine_concurrency.json)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     concurrencies, output_tokens = ((16, 64), 16) if args.quick else ((64, 256), 64)
     checkpoint = load_checkpoint(args.model)
     rows = []
-    for dtype in (None, "bfloat16"):  # the default (float32 on CPU), then bfloat16 (AMX on CPUs that have it)
+    for dtype in ("float32", "bfloat16"):  # the CPU's default, then the GPU's (and AMX's on CPUs that have it)
         config = EngineConfig(model=args.model, device=args.device, dtype=dtype)
         rows += [measure(checkpoint, config, "distinct", distinct_prompts(n), output_tokens) for n in concurrencies]
     shared = shared_system_prompts(concurrencies[0])
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     path = write_results(
         "engine_concurrency",
         rows,
+        args.out,
         prompt_tokens=PROMPT_TOKENS,
         system_prompt_tokens=SYSTEM_PROMPT_TOKENS,
         output_tokens=output_tokens,

@@ -1,7 +1,7 @@
 """Sampler latency: ours against a sort-based torch reference, on the same logits.
 
-``python -m bench.sampler [--quick] [--device D]`` prints a table and writes
-bench/results/sampler.json with rows {device, batch, vocab, config, ours_ms, reference_ms},
+``python -m bench.sampler [--quick] [--device D] [--batch B ...] [--vocab V ...] [--budget-s S] [--out PATH]``
+prints a table and writes bench/results/sampler.json (or ``--out``) with rows {device, batch, vocab, config, ours_ms, reference_ms},
 torch's intra-op thread count and the machine's quietness (load average when it began).
 
 The reference is what vLLM runs without FlashInfer or its Triton top-k/top-p: penalties
@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -140,7 +141,7 @@ def time_ms(fn: Callable[[], object], device: torch.device, min_reps: int, budge
     return min(times)
 
 
-def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, quick: bool) -> dict[str, object]:
+def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, budget_s: float) -> dict[str, object]:
     params = [config_params(config, r) for r in range(batch_size)]
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, vocab, (batch_size, PROMPT_LEN), generator=g).to(device)
@@ -154,9 +155,8 @@ def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, qu
     logits = lm_like_logits(batch_size, vocab, device)
     sampler = Sampler()
     reference = reference_sampler(params, prompts, outputs)
-    min_reps, budget_s = (3, 0.2) if quick else (3, 1.0)
-    ours_ms = time_ms(lambda: sampler(logits, rows, batch), device, min_reps, budget_s)
-    reference_ms = time_ms(lambda: reference(logits), device, min_reps, budget_s)
+    ours_ms = time_ms(lambda: sampler(logits, rows, batch), device, 3, budget_s)
+    reference_ms = time_ms(lambda: reference(logits), device, 3, budget_s)
     return {
         "device": str(device),
         "batch": batch_size,
@@ -177,19 +177,25 @@ def device_name(device: torch.device) -> str:
         return platform.processor() or platform.machine()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="batch 1 and 32, vocab 49152, fewer timed runs (< 1 min)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    parser.add_argument("--batch", nargs="+", type=int, default=None, help=f"default {BATCHES} (quick: 1 32)")
+    parser.add_argument("--vocab", nargs="+", type=int, default=None, help=f"default {VOCABS} (quick: 49152)")
+    parser.add_argument("--budget-s", type=float, default=None, help="seconds of timed runs per measurement after 3 (default 1, quick 0.2)")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/sampler.json)")
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     load_before = os.getloadavg()[0]
-    batches, vocabs = ((1, 32), (49152,)) if args.quick else (BATCHES, VOCABS)
+    batches = args.batch or ((1, 32) if args.quick else BATCHES)
+    vocabs = args.vocab or ((49152,) if args.quick else VOCABS)
+    budget_s = args.budget_s if args.budget_s is not None else (0.2 if args.quick else 1.0)
     rows = []
     for vocab in vocabs:
         for batch_size in batches:
             for config in CONFIGS:
-                row = bench_one(batch_size, vocab, config, device, args.quick)
+                row = bench_one(batch_size, vocab, config, device, budget_s)
                 rows.append(row)
                 speedup = row["reference_ms"] / row["ours_ms"]  # type: ignore[operator]
                 print(f"{config:>16} batch {batch_size:>3} vocab {vocab:>6}: ours {row['ours_ms']:9.2f} ms, "
@@ -199,11 +205,12 @@ def main() -> None:
     extra = {
         "device_name": device_name(device),
         "quick": args.quick,
+        "budget_s": budget_s,
         "logits": "Zipf(1.5) profile + N(0, 0.5) noise",
         "threads": torch.get_num_threads(),
         **quietness(load_before),
     }
-    path = write_results("sampler", rows, **extra)
+    path = write_results("sampler", rows, args.out, **extra)
     print(f"\nwrote {path}")
 
 

@@ -24,7 +24,8 @@ from bench.common import device_label, print_table, quietness, write_results
 from bench.grammar import SCHEMA as ORDER_SCHEMA
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
-from engine.loader.checkpoint import TINY_RANDOM, load_checkpoint
+from engine.loader.checkpoint import load_checkpoint
+from engine.loader.random_weights import TINY_RANDOM
 from sampling.params import SamplingParams
 
 BATCHES = (1, 32, 256)

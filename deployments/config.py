@@ -60,6 +60,12 @@ class ServeArgs(RequestLimits):
         description="Tokens per streamed frame (vLLM's stream_interval): a choice's first token and its last frame go out at once, "
         "the others once this many wait. Larger values cost less CPU per token and make the text arrive in bigger steps.",
     )
+    stream_idle_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A request that receives no output for this long (queued, or its engine's messages lost) fails with 504 "
+        "stream_timeout (an error frame when streamed) and its engine requests are aborted. Keep it above the longest queue wait you accept.",
+    )
     api_key: SecretStr | None = Field(None, description=f"When set, every route but /health requires it; {API_KEY_ENV} sets it from the environment.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")

@@ -13,7 +13,7 @@ from ray.exceptions import RayActorError
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
 from deployments.metrics import IngressMetrics
-from deployments.openai.errors import APIError
+from deployments.openai.errors import APIError, internal_error
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
@@ -56,9 +56,11 @@ class EngineClient:
         detok: DetokClient,
         metrics: IngressMetrics,
         stream_interval: int = 1,
+        stream_idle_timeout_s: float | None = None,
     ) -> None:
         self.engines = engines
         self.stream_interval = stream_interval
+        self.stream_idle_timeout_s = stream_idle_timeout_s
         self.subscriber = subscriber
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
@@ -108,7 +110,7 @@ class EngineClient:
         prompt); choice index = prompt index * n + i."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
-        mailbox = Mailbox(self.stream_interval)
+        mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
         streams, requests, echo_texts = [], [], []
         request_of_stream: list[int] = []
         for prompt_index, prompt in enumerate(prompts):
@@ -207,6 +209,8 @@ class EngineClient:
                 tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
         except APIError as error:
             tail = error.sse_frame()
+        except Exception as error:  # a fault of this request alone: its stream ends with an error frame, not cut
+            tail = internal_error(error, "a response stream").sse_frame()
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
@@ -275,8 +279,8 @@ def full_choice(
     if fmt.tool_calls is None:
         return fmt.full_choice(index, text, finish_reason, stop_reason, logprobs)
     calls = ChoiceToolCalls(fmt.tool_calls)
-    content, new_calls = calls.feed(text, finished=True)
-    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, [call for _, call in new_calls])
+    content, _ = calls.feed(text, finished=True)
+    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, calls.calls)
 
 
 def refusal(message: str) -> APIError:

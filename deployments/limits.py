@@ -68,7 +68,12 @@ class RequestLimits(BaseModel):
     max_json_depth: int = Field(32, ge=2, le=512, description="Nesting of arrays and objects in a request body.")
     max_tools: int = Field(64, ge=0, description="Entries of tools (their text counts in max_prompt_bytes).")
     max_tool_call_bytes: int = Field(
-        16_384, ge=64, description="UTF-8 bytes of one tool call in the output; a longer one is streamed as the text it is, not as a call."
+        16_384,
+        ge=64,
+        description=(
+            "UTF-8 bytes of one tool call the model writes in its text (tool_choice 'auto'), held until it closes; a longer one is "
+            "streamed as the text it is, not as a call. A required or named call is streamed as it is generated, whatever its length."
+        ),
     )
     max_structured_output_bytes: int = Field(
         32_768,

@@ -31,8 +31,9 @@ class Mailbox:
     with an interval of n, a stream sends about one frame per n tokens.
     """
 
-    def __init__(self, stream_interval: int = 1) -> None:
+    def __init__(self, stream_interval: int = 1, idle_timeout_s: float | None = None) -> None:
         self.stream_interval = stream_interval
+        self.idle_timeout_s = idle_timeout_s
         self.pending: dict[int, ChoiceDelta] = {}
         self.started: set[int] = set()
         self.error: APIError | None = None
@@ -66,8 +67,13 @@ class Mailbox:
         self.ready.set()
 
     async def take(self) -> dict[int, ChoiceDelta]:
-        """Wait for deltas and return them all; raises the request's error if it failed."""
-        await self.ready.wait()
+        """Wait for deltas and return them all; raises the request's error if it failed, and a 504
+        ``stream_timeout`` after ``idle_timeout_s`` without any (a lost engine message never leaves
+        the client waiting forever)."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), self.idle_timeout_s)
+        except TimeoutError:
+            raise APIError(504, f"no output for {self.idle_timeout_s:g} s (stream_idle_timeout_s)", code="stream_timeout") from None
         self.ready.clear()
         if self.error is not None:
             raise self.error

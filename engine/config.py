@@ -41,7 +41,8 @@ class EngineConfig:
     the same tokens unless ``enable_prefix_caching`` is off. A step schedules at most
     ``max_num_batched_tokens`` tokens (decodes first, then prefill chunks). ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
     ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
-    N's sampled ids reach the host (see `EngineCore.step`).
+    N's sampled ids reach the host (see `EngineCore.step`). ``cuda_graphs``: on CUDA, decode
+    steps replay graphs captured per batch-size bucket at start (`engine.decode_graphs`).
 
     ``grammar_cache_size`` compiled structured-output grammars are kept (least recently used dropped).
 
@@ -64,6 +65,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     async_scheduling: bool | None = None
+    cuda_graphs: bool = True
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4

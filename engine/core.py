@@ -29,6 +29,11 @@ COMPILE_WAIT_S = 0.01
 """How long an otherwise idle step waits for a grammar to compile (instead of spinning; new requests wait as long)."""
 ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError, torch.AcceleratorError)
 """Failures that belong to no single request: raised out of `EngineCore.step`, never pinned on one."""
+NO_TOKEN_LEFT = (
+    "no token can be sampled: after the penalties every logit is -inf, or one is +inf "
+    "(repetition_penalty, frequency_penalty, presence_penalty or DRY out of float32's range)"
+)
+"""Why a request fails whose penalties left no logit a token could be sampled by (the sampler emits -1)."""
 
 
 class InvalidRequestError(ValueError):
@@ -282,6 +287,12 @@ class EngineCore:
         output.error = reason
         return output
 
+    def _no_token_left(self, request: Request, new_token_ids: list[int]) -> EngineOutput:
+        """Fail a request whose penalties left no logit to sample by (a 400: its own parameters)."""
+        output = self._finish(request, FinishReason.ERROR, None, new_token_ids=new_token_ids)
+        output.error = RequestError(NO_TOKEN_LEFT, client_fault=True)
+        return output
+
     def _draft(self) -> None:
         """Propose drafts for speculating requests about to decode with every token on the host."""
         for request in list(self.scheduler.running):
@@ -337,7 +348,9 @@ class EngineCore:
             sampled = SampledTokens([], None)
             stop = FinishReason.LENGTH, None
         for token_id in sampled.token_ids:
-            if token_id < 0:  # the sampler found no token the request's masks allow
+            if token_id < 0:  # the sampler found no token to sample
+                if request.grammar is None:
+                    return self._no_token_left(request, new_token_ids)
                 stop = FinishReason.GRAMMAR_DEAD_END, None
                 break
             request.output_token_ids.append(token_id)

@@ -18,14 +18,16 @@ class PagedKVCache:
     """keys[layer], values[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
 
     Block ``b`` holds ``block_size`` consecutive positions of whichever sequence's table lists
-    it (`engine.block_manager`). Zero-filled: attention reads whole blocks and masks the
+    it (`engine.block_manager`); one more block, ``scratch_block``, belongs to no sequence: the
+    padding rows of a captured decode step write and read it (`engine.decode_graphs`). Zero-filled: attention reads whole blocks and masks the
     positions past a sequence's end, which must hold finite values. Position-major blocks
     (not head-major) make a gathered table a view as [B, L, KVH, D]: one copy per read.
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.scratch_block = num_blocks
+        shape = (num_blocks + 1, block_size, config.num_kv_heads, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -12,6 +13,7 @@ import torch
 from engine.beam_groups import beam_rows, candidate_tensors
 from engine.beam_search import Candidates
 from engine.config import EngineConfig
+from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
 from engine.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
@@ -77,9 +79,10 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpu_threads or len(os.sched_getaffinity(0)))
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(checkpoint.config, max_positions=config.max_model_len)
-        model.load_weights(checkpoint.weights)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        with torch.device(self.device):  # built where it runs: an 8B model would not fit twice in host memory
+            model = LlamaForCausalLM(checkpoint.config, max_positions=config.max_model_len)
+        self.model = model.to(dtype=self.dtype).eval()
+        self.model.load_weights(checkpoint.weights)
         self.model.rope.to(dtype=torch.float32)
         if can_pack(self.device, self.dtype):
             pack_linears(self.model.layers)
@@ -93,6 +96,7 @@ class ModelRunner:
         self.pinned = self.device.type == "cuda"
         # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda"
+        self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
     @torch.inference_mode()
@@ -116,8 +120,7 @@ class ModelRunner:
             targets = self._to_device([flat for flat, _ in step.placeholder_inputs])
             sources = self._to_device([order[id(request)] for _, request in step.placeholder_inputs])
             input_ids[targets] = previous.last_token_ids[sources]
-        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
-        hidden = self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
+        hidden = self._forward(input_ids, step)
         verifies_drafts = any(step.draft_token_ids)
         prompt = None if prompt_rows is None else launch_prompt_logprobs(prompt_rows, hidden, self.model.compute_logits, self.pinned)
         if not step.sampled:
@@ -146,6 +149,24 @@ class ModelRunner:
         if done is not None:
             done.record()
         return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, beam_host=host[len(values) :])
+
+    def _forward(self, input_ids: torch.Tensor, step: ScheduledStep) -> torch.Tensor:
+        """input_ids: [T] -> final-normed hidden states [T, hidden]: a decode step from its captured graph, any other eagerly."""
+        if self.decode_graphs is not None and self.decode_graphs.fits(step.chunks):
+            return self.decode_graphs.run(input_ids, step.chunks)
+        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
+        return self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
+
+    def _capture_decode_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
+        """The decode graphs, or None (decode steps then run eagerly, and the error is logged) if capturing failed."""
+        started = time.perf_counter()
+        try:
+            graphs = DecodeGraphs(self.model, self.kv_cache, config.max_num_seqs, config.max_model_len, cuda_graph_capture(torch.cuda.graph_pool_handle()))
+        except RuntimeError:
+            logger.exception("capturing the decode graphs failed: decode steps run eagerly")
+            return None
+        logger.info("captured %d decode graphs (batch 1 to %d) in %.1f s", len(graphs.buckets), graphs.buckets[-1], time.perf_counter() - started)
+        return graphs
 
     def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
         """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sampling.structured_outputs import StructuredOutputs
 
 LOGIT_BIAS_LIMIT = 100.0
+GREEDY_TEMPERATURE = 1e-5
+"""A temperature under this is greedy (vLLM's epsilon): logits divided by less can overflow to infinities."""
 MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_INT64 = 2**63 - 1  # the sampling batch keeps integer parameters in int64 columns
@@ -54,7 +56,7 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float = _finite(default=1.0, ge=0.0, description="0 means greedy.")
+    temperature: float = _finite(default=1.0, ge=0.0, description=f"0 (or any value under {GREEDY_TEMPERATURE}) means greedy.")
     top_p: float = _finite(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, le=MAX_INT64, description="0 or -1 disables.")
     min_p: float = _finite(default=0.0, ge=0.0, le=1.0)
@@ -149,7 +151,7 @@ class SamplingParams(BaseModel):
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise `TokenIdOutOfVocabError` naming the field if any token id is outside ``[0, vocab_size)``."""

@@ -12,7 +12,8 @@ host from `SamplingBatch.uses`):
 2. masks: the grammar bitmask of structured outputs (`GrammarMask`, filled by the caller),
    ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``. A constrained row
    that no token is left for emits -1 (its grammar reached a dead end) and records nothing
-3. penalties (repetition / presence / frequency), DRY
+3. penalties (repetition / presence / frequency), DRY. A NaN they make counts as -inf; a row they
+   leave with nothing to draw by (every logit -inf, or one +inf) emits -1 too, never an arbitrary token
 4. all-greedy batch: argmax and return (when no stage before it is in use either,
    `SamplingBatch.argmax_only`, the engine may take that argmax fused with its lm_head
    and hand it to `Sampler.record_argmax`)
@@ -55,7 +56,8 @@ XTC_COIN_TOKEN = -1
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor
-    """[num_rows] int64, on the logits' device; -1 at a constrained row whose masks left no token."""
+    """[num_rows] int64, on the logits' device; -1 at a row left with no token to sample (a constrained row's
+    masks left none, or the penalties left every logit -inf, or one +inf)."""
     logprobs: LogprobsTensors | None = None
     """When any occupied row asks for logprobs (rows that did not ask get them too; the engine drops them)."""
 
@@ -163,19 +165,25 @@ class Sampler:
         if grammar is not None:
             apply_grammar_mask(logits, grammar)
         logits = _apply_masks(logits, view)
-        if grammar is None:
-            return self._sample_masked(logits, view, raw)
-        dead = rows_left_empty(logits, grammar.rows)
-        out = self._sample_masked(logits.masked_fill(dead[:, None], 0.0), view, raw)  # a dead row's draw is discarded
+        dead = rows_left_empty(logits, grammar.rows) if grammar is not None else None
+        maxima = None
+        if batch.uses["penalties"] > 0 or batch.uses["dry"] > 0:
+            logits = _apply_penalties(logits, view)
+            maxima = block_maxima(logits) if logits.device.type == "cpu" else None
+            dead = _with_rows_left_unsampleable(logits, maxima, dead)
+        if dead is None:
+            return self._sample_penalised(logits, view, raw, maxima)
+        out = self._sample_penalised(logits.masked_fill(dead[:, None], 0.0), view, raw)  # a dead row's draw is discarded
         accepted = None if out.accepted is None else out.accepted & ~dead
         return _Rows(out.token_ids.masked_fill(dead, -1), accepted, out.logprobs)
 
-    def _sample_masked(self, logits: torch.Tensor, view: RowView, raw: torch.Tensor | None) -> _Rows:
-        """Penalties onwards on masked logits [N, V]; ``raw``: the raw logprobs, when reported."""
+    def _sample_penalised(self, logits: torch.Tensor, view: RowView, raw: torch.Tensor | None, maxima: torch.Tensor | None = None) -> _Rows:
+        """The rest of the pipeline on logits [N, V] after masks and penalties; ``raw``: the raw logprobs, when
+        reported; ``maxima``: their `block_maxima` when already known."""
         batch, p = view.batch, view.params
         want_logprobs = batch.uses["logprobs"] > 0
-        logits = _apply_penalties(logits, view)
-        maxima = block_maxima(logits) if logits.device.type == "cpu" else None
+        if maxima is None and logits.device.type == "cpu":
+            maxima = block_maxima(logits)
         token_ids = first_argmax(logits, maxima)
         accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
@@ -300,6 +308,18 @@ def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
     if batch.uses["dry"] > 0 and batch.history is not None:
         logits = _apply_dry_rows(logits, view)
     return logits
+
+
+def _with_rows_left_unsampleable(logits: torch.Tensor, maxima: torch.Tensor | None, dead: torch.Tensor | None) -> torch.Tensor | None:
+    """``dead`` ([N] bool or None) with the rows the penalties left nothing to draw by: every logit -inf
+    (DRY or an infinite repetition penalty on the only tokens the masks left), or one +inf (a
+    repetition penalty under float32's range divides by 0). Reads one bool on the host, only on
+    steps with penalties; ``maxima``: the logits' `block_maxima`, when known."""
+    row_maxima = (maxima if maxima is not None else logits).amax(dim=-1)
+    unsampleable = ~torch.isfinite(row_maxima)
+    if not bool(unsampleable.any()):
+        return dead
+    return unsampleable if dead is None else dead | unsampleable
 
 
 def _apply_dry_rows(logits: torch.Tensor, view: RowView) -> torch.Tensor:

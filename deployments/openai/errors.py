@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
+import traceback
 from http import HTTPStatus
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+logger = logging.getLogger(__name__)
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -45,3 +48,10 @@ def from_validation_error(error: ValidationError) -> APIError:
     location = ".".join(str(part) for part in first["loc"])
     param = str(first["loc"][0]) if first["loc"] else None
     return APIError(400, f"{location}: {first['msg']}" if location else first["msg"], param=param, code="invalid_value")
+
+
+def internal_error(error: Exception, where: str) -> APIError:
+    """The 500 for a fault nobody foresaw in serving one request, logged by its type and frames
+    only (a message may quote the request's text)."""
+    logger.error("unhandled %s in %s\n%s", type(error).__name__, where, "".join(traceback.format_tb(error.__traceback__)))
+    return APIError(500, "internal server error")

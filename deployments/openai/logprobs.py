@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from detok import TokenString
@@ -99,6 +100,10 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset: int) -> dict[s
     }
 
 
-def _finite(value: float) -> float:
-    """JSON has no -inf: a masked token's logprob is reported as float32's lowest."""
-    return max(value, -3.4028234663852886e38)
+LOWEST_LOGPROB = -9999.0
+"""What a logprob of -inf (a masked token) is reported as: vLLM's floor."""
+
+
+def _finite(value: float) -> float | None:
+    """A logprob as JSON has it, as vLLM writes it: -inf as `LOWEST_LOGPROB`, NaN as null (JSON has neither)."""
+    return None if math.isnan(value) else max(value, LOWEST_LOGPROB)

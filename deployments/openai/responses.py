@@ -9,12 +9,12 @@ from functools import cached_property
 
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries, chat_logprobs, completion_logprobs, echo_entries, vllm_prompt_logprobs
 from deployments.openai.tool_calls import ToolCallOutput
-from deployments.openai.tools import ToolCall
+from deployments.openai.tools import ToolCall, ToolCallDelta
 
 DONE_FRAME = "data: [DONE]\n\n"
 FRAME_END = "]}\n\n"
 """How every chunk frame ends: its ``choices`` list, its object, the SSE blank line."""
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # a frame is JSON or not written (NaN, infinities raise)
 
 
 def sse(payload: dict[str, object]) -> str:
@@ -72,13 +72,13 @@ class ResponseFormat:
         stop_reason: int | str | None,
         logprobs: dict[str, object] | None = None,
         role: bool = False,
-        tool_calls: list[tuple[int, ToolCall]] | None = None,
+        tool_calls: list[ToolCallDelta] | None = None,
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
         if self.chat:
             delta: dict[str, object] = {"role": "assistant", "content": text} if role else {"content": text}
             if tool_calls:
-                delta["tool_calls"] = [{"index": i} | call.model_dump() for i, call in tool_calls]
+                delta["tool_calls"] = [call.wire() for call in tool_calls]
             choice["delta"] = delta
         else:
             choice["text"] = text

@@ -7,10 +7,11 @@ constrained to.
   calls the model writes among its text;
 - "required" / a named function: the grammar constrains the output to the calls' JSON
   (`deployments.openai.tools.required_calls_schema` / the function's parameters), read back
-  by `ConstrainedCallsParser`.
+  by `deployments.openai.constrained_calls` as it streams; such a call always comes back as a
+  call, cut short or not.
 
-A choice that made calls and stopped by itself finishes with ``"tool_calls"``; with
-``parallel_tool_calls`` false only its first call is kept.
+A choice that made calls and stopped by itself finishes with ``"tool_calls"``; one cut short
+keeps its reason (``"length"``). With ``parallel_tool_calls`` false only its first call is kept.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.openai.constrained_calls import NamedCallParser, RequiredCallsParser
 from deployments.openai.errors import APIError
 from deployments.openai.protocol import ChatCompletionRequest
-from deployments.openai.tool_parsers import TOOL_CALL_PARSERS, ConstrainedCallsParser, ToolCallParser
-from deployments.openai.tools import NamedToolChoice, ToolCall, parameters_schema, required_calls_schema
+from deployments.openai.tool_parsers import TOOL_CALL_PARSERS, CallFragment, ToolCallParser
+from deployments.openai.tools import NamedToolChoice, ToolCall, ToolCallDelta, parameters_schema, required_calls_schema
 from sampling.params import SamplingParams
 from sampling.structured_outputs import json_schema_output
 
@@ -30,15 +32,17 @@ from sampling.structured_outputs import json_schema_output
 class ToolCallOutput:
     """How each choice of one request is read for tool calls."""
 
-    parser_name: str | None  # None: constrained output (`ConstrainedCallsParser`)
+    parser_name: str | None  # None: constrained output (`deployments.openai.constrained_calls`)
     function_names: frozenset[str]
     named_function: str | None
     parallel_tool_calls: bool
     max_call_bytes: int
 
     def new_parser(self) -> ToolCallParser:
+        if self.named_function is not None:
+            return NamedCallParser(self.named_function)
         if self.parser_name is None:
-            return ConstrainedCallsParser(self.function_names, self.max_call_bytes, self.named_function)
+            return RequiredCallsParser(self.function_names)
         return TOOL_CALL_PARSERS[self.parser_name](self.function_names, self.max_call_bytes)
 
 
@@ -76,20 +80,23 @@ class ChoiceToolCalls:
 
     def __init__(self, output: ToolCallOutput) -> None:
         self.parser = output.new_parser()
-        self.parallel_tool_calls = output.parallel_tool_calls
+        self.max_calls = None if output.parallel_tool_calls else 1
         self.calls: list[ToolCall] = []
 
-    def feed(self, text: str, finished: bool) -> tuple[str, list[tuple[int, ToolCall]]]:
-        """The delta's text that is not a call, and its new calls with their indexes among the choice's calls."""
+    def feed(self, text: str, finished: bool) -> tuple[str, list[ToolCallDelta]]:
+        """The delta's text that is not a call, and the pieces of calls in it (`ToolCallDelta`)."""
         parsed = self.parser.feed(text)
         if finished:
             parsed += self.parser.finish()
-        new = [ToolCall.new(call.name, call.arguments) for call in parsed.calls]
-        if not self.parallel_tool_calls:
-            new = new[: max(0, 1 - len(self.calls))]
-        first = len(self.calls)
-        self.calls += new
-        return parsed.content, list(enumerate(new, start=first))
+        kept = [fragment for fragment in parsed.calls if self.max_calls is None or fragment.index < self.max_calls]
+        return parsed.content, [self._add(fragment) for fragment in kept]
+
+    def _add(self, fragment: CallFragment) -> ToolCallDelta:
+        if fragment.name is not None:
+            self.calls.append(ToolCall.new(fragment.name, fragment.arguments))
+            return ToolCallDelta.opening(fragment.index, self.calls[-1])
+        self.calls[fragment.index].function.arguments += fragment.arguments
+        return ToolCallDelta.more_arguments(fragment.index, fragment.arguments)
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls and reason == "stop" else reason

@@ -1,59 +1,70 @@
 """Tool calls found in a choice's text as it streams, by parsers chosen by name (``tool_call_parser``).
 
 A parser is fed the choice's text deltas however the text was split, and returns the
-ordinary text it can already let through and the calls it has completed. It holds back
-only what it must: the tail that may still turn out to be the start of a call's tag, and
-a call's body until the call closes; a body longer than ``max_call_bytes`` is let through
-as text, so what a parser buffers is bounded.
+ordinary text it can already let through and the pieces of calls (`CallFragment`) found in
+it. Whatever the model wrote, a parser never raises: text it cannot read as a call is text.
 
 ``hermes`` (`HermesToolParser`): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-the format of Hermes, Qwen 2.5 and 3, and of Spout's generic fallback prompt.
+the format of Hermes, Qwen 2.5 and 3, and of Spout's generic fallback prompt. The model writes
+it freely, so a call is only known to be one when its block closes: the parser holds back the
+tail that may still start a tag, and a call's body until the call closes, then lets the call
+through in one piece. A body longer than ``max_call_bytes`` is let through as text, so what
+it buffers is bounded.
 
-`ConstrainedCallsParser` reads the output of ``tool_choice`` "required" or a named function,
-which the grammar makes the call(s) JSON itself (`deployments.openai.tools`' schemas).
+The output of ``tool_choice`` "required" or a named function, which the grammar makes the
+calls' JSON itself, is read by `deployments.openai.constrained_calls`, argument by argument
+as it is generated.
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from deployments.openai.model_json import read_json, write_json
+
 
 @dataclass(frozen=True)
-class ParsedCall:
-    """A completed call: the function's name and its arguments as JSON text."""
+class CallFragment:
+    """A piece of the choice's call number ``index``: the first piece of a call has its name, the
+    others None; the pieces' ``arguments`` concatenate to the call's arguments (JSON text)."""
 
-    name: str
+    index: int
+    name: str | None
     arguments: str
 
 
 @dataclass
 class ParsedText:
-    """What a feed lets through: ordinary text, and the calls completed in it."""
+    """What a feed lets through: ordinary text, and the pieces of calls in it, at most one per call."""
 
     content: str = ""
-    calls: list[ParsedCall] = field(default_factory=list)
+    calls: list[CallFragment] = field(default_factory=list)
 
     def __iadd__(self, other: ParsedText) -> ParsedText:
         self.content += other.content
-        self.calls += other.calls
+        for fragment in other.calls:
+            self.add(fragment)
         return self
+
+    def add(self, fragment: CallFragment) -> None:
+        """Append ``fragment``, joined to the piece of the same call before it."""
+        last = self.calls[-1] if self.calls else None
+        if last is not None and last.index == fragment.index and fragment.name is None:
+            self.calls[-1] = CallFragment(last.index, last.name, last.arguments + fragment.arguments)
+        elif fragment.name is not None or fragment.arguments:
+            self.calls.append(fragment)
 
 
 class ToolCallParser(ABC):
     """Incremental: `feed` every delta, then `finish` once at the end of the choice."""
-
-    def __init__(self, function_names: frozenset[str], max_call_bytes: int) -> None:
-        self.function_names = function_names
-        self.max_call_bytes = max_call_bytes
 
     @abstractmethod
     def feed(self, text: str) -> ParsedText: ...
 
     @abstractmethod
     def finish(self) -> ParsedText:
-        """The end of the output: what is still held back goes out as text (a call never closed is text)."""
+        """The end of the output: what is still held back goes out (a call never closed is text)."""
 
 
 def held_back(text: str, tag: str) -> int:
@@ -64,18 +75,15 @@ def held_back(text: str, tag: str) -> int:
     return 0
 
 
-def parsed_call(name: str, arguments: object) -> ParsedCall:
-    """A call whose arguments are JSON text as they are, or JSON values to write as text."""
-    return ParsedCall(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
-
-
 class HermesToolParser(ToolCallParser):
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self, function_names: frozenset[str], max_call_bytes: int) -> None:
-        super().__init__(function_names, max_call_bytes)
+        self.function_names = function_names
+        self.max_call_bytes = max_call_bytes
         self.pending = ""  # text not yet let through: a possible start tag, or a call's body
         self.in_call = False
+        self.num_calls = 0
 
     def feed(self, text: str) -> ParsedText:
         parsed = ParsedText()
@@ -85,10 +93,12 @@ class HermesToolParser(ToolCallParser):
             if self.in_call:
                 end = self.pending.find(self.END, searched)
                 if end < 0:
-                    # Over the limit even if the end tag has begun: not a call we keep, it is text.
+                    # Over the limit even if the end tag has begun: not a call we keep, it is text
+                    # (but for a tail that may start the next call).
                     if len(self.pending.encode()) >= self.max_call_bytes + len(self.END):
-                        parsed.content += self.START + self.pending
-                        self.pending, self.in_call = "", False
+                        keep = held_back(self.pending, self.START)
+                        parsed.content += self.START + self.pending[: len(self.pending) - keep]
+                        self.pending, self.in_call = self.pending[len(self.pending) - keep :], False
                     return parsed
                 parsed += self._close(self.pending[:end])
                 self.pending, self.in_call = self.pending[end + len(self.END) :], False
@@ -111,54 +121,23 @@ class HermesToolParser(ToolCallParser):
     def _close(self, body: str) -> ParsedText:
         """A closed call's body: the call, or the text as the model wrote it when it is not a call of a known function."""
         call = self._call(body) if len(body.encode()) <= self.max_call_bytes else None
-        return ParsedText(calls=[call]) if call is not None else ParsedText(self.START + body + self.END)
+        if call is None:
+            return ParsedText(self.START + body + self.END)
+        self.num_calls += 1
+        return ParsedText(calls=[call])
 
-    def _call(self, body: str) -> ParsedCall | None:
-        try:
-            value = json.loads(body)
-        except json.JSONDecodeError:
+    def _call(self, body: str) -> CallFragment | None:
+        read = read_json(body)
+        value = read.value if read is not None else None
+        if not isinstance(value, dict):
             return None
-        if not isinstance(value, dict) or value.get("name") not in self.function_names:
+        name = value.get("name")
+        if not isinstance(name, str) or name not in self.function_names:
             return None
-        return parsed_call(value["name"], value.get("arguments", value.get("parameters", {})))
+        arguments = value.get("arguments", value.get("parameters", {}))
+        text = arguments if isinstance(arguments, str) else write_json(arguments)
+        return None if text is None else CallFragment(self.num_calls, name, text)
 
 
-class ConstrainedCallsParser(ToolCallParser):
-    """The whole output is the calls: with ``named_function``, its arguments object; without,
-    a JSON array of ``{"name", "arguments"}``. It is held until the end; an output that is not
-    such JSON (cut short by the length limit) or longer than ``max_call_bytes`` is text."""
-
-    def __init__(self, function_names: frozenset[str], max_call_bytes: int, named_function: str | None) -> None:
-        super().__init__(function_names, max_call_bytes)
-        self.named_function = named_function
-        self.pending = ""
-        self.passing = False  # over the limit: the output is let through as text
-
-    def feed(self, text: str) -> ParsedText:
-        if self.passing:
-            return ParsedText(text)
-        self.pending += text
-        if len(self.pending.encode()) <= self.max_call_bytes:
-            return ParsedText()
-        self.passing, pending, self.pending = True, self.pending, ""
-        return ParsedText(pending)
-
-    def finish(self) -> ParsedText:
-        pending, self.pending = self.pending, ""
-        calls = self._calls(pending)
-        return ParsedText(calls=calls) if calls else ParsedText(pending)
-
-    def _calls(self, text: str) -> list[ParsedCall]:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            return []
-        if self.named_function is not None:
-            return [parsed_call(self.named_function, value)] if isinstance(value, dict) else []
-        if not isinstance(value, list) or not all(isinstance(c, dict) and c.get("name") in self.function_names for c in value):
-            return []
-        return [parsed_call(c["name"], c.get("arguments", {})) for c in value]
-
-
-TOOL_CALL_PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesToolParser}
-"""Parsers by the name the ``tool_call_parser`` option takes."""
+TOOL_CALL_PARSERS: dict[str, type[HermesToolParser]] = {"hermes": HermesToolParser}
+"""Parsers of the model's own calls (``tool_choice`` "auto"), by the name the ``tool_call_parser`` option takes."""

@@ -7,11 +7,12 @@ A function's ``parameters`` is a JSON schema; it reaches the model as the client
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.openai.model_json import read_json
 
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 """OpenAI's rule for function names (letters, digits, ``_.:-``, at most 64)."""
@@ -69,14 +70,43 @@ class ToolCall(BaseModel):
 
     def parsed_arguments(self) -> object:
         """The arguments as JSON values when they parse, else the text as sent."""
-        try:
-            return json.loads(self.function.arguments)
-        except json.JSONDecodeError:
-            return self.function.arguments
+        read = read_json(self.function.arguments)
+        return self.function.arguments if read is None else read.value
 
     def template_form(self) -> dict[str, object]:
         """The call as Hugging Face chat templates read it, ``function.arguments`` parsed."""
         return {"id": self.id, "type": self.type, "function": {"name": self.function.name, "arguments": self.parsed_arguments()}}
+
+
+class FunctionCallDelta(BaseModel):
+    """A piece of a call's function: its name in the call's first piece, and a piece of its arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A stream chunk's piece of a call, as vLLM streams them: the call's first piece has its ``id``,
+    ``type`` and name, the later ones only ``index`` and more arguments; the pieces' arguments
+    concatenate to the call's."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @classmethod
+    def opening(cls, index: int, call: ToolCall) -> ToolCallDelta:
+        return cls(index=index, id=call.id, type=call.type, function=FunctionCallDelta(name=call.function.name, arguments=call.function.arguments))
+
+    @classmethod
+    def more_arguments(cls, index: int, arguments: str) -> ToolCallDelta:
+        return cls(index=index, function=FunctionCallDelta(arguments=arguments))
+
+    def wire(self) -> dict[str, object]:
+        return self.model_dump(exclude_none=True)
 
 
 def parameters_schema(function: FunctionDefinition) -> dict[str, Any]:

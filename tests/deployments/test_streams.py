@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat, sse
 from deployments.streams import Mailbox
 
@@ -36,6 +38,18 @@ def test_stream_interval_counts_each_choice_on_its_own():
     assert not mailbox.ready.is_set()
     mailbox.push(1, "e", [5], None, None, None)
     assert mailbox.ready.is_set()
+
+
+def test_a_mailbox_without_output_for_its_idle_timeout_fails_with_504():
+    async def run() -> None:
+        mailbox = Mailbox(idle_timeout_s=0.05)
+        mailbox.push(0, "a", [1], None, None, None)
+        assert (await mailbox.take())[0].token_ids == [1]  # output within the timeout is taken
+        await mailbox.take()  # then nothing comes
+
+    with pytest.raises(APIError) as raised:
+        asyncio.run(run())
+    assert raised.value.status == 504 and raised.value.code == "stream_timeout"
 
 
 @given(st.text(), st.booleans(), st.sampled_from([None, "stop", "length"]), st.one_of(st.none(), st.integers(0, 9), st.text(max_size=5)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ class Hostile:
     """Any of these is the right answer (a legal request answers 200)."""
     param: str | None = None
     """The field the error names, when the answer is an error."""
+    check: Callable[[httpx.Response], None] | None = None
+    """More to check of the answer, when there is more to it than its status."""
 
 
 def completion(**fields: object) -> Send:
@@ -116,6 +119,70 @@ def empty_messages(count: int) -> Send:
     return chat([{"role": "user", "content": ""}] * (count - 1) + [FORGED_LAST])
 
 
+def literal_regex(text: str) -> str:
+    """A regular expression that matches ``text`` alone."""
+    return re.sub(r"([\\\[\]{}().*+?|^$])", r"\\\1", text)
+
+
+def forced_tool_output(text: str, stream: bool) -> Send:
+    """A chat offering a tool ("auto") whose output a regex forces to ``text``."""
+    body = {
+        "model": M,
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [tool("get_weather")],
+        "max_tokens": 64,
+        "structured_outputs": {"regex": literal_regex(text)},
+        "stream": stream,
+    }
+    return lambda client: client.post("/v1/chat/completions", json=body)
+
+
+def answered_as_text(text: str, stream: bool) -> Callable[[httpx.Response], None]:
+    """The answer is ``text`` as the message's content, no call; streamed, every frame is JSON and it ends with [DONE]."""
+
+    def check(response: httpx.Response) -> None:
+        if not stream:
+            choice = response.json()["choices"][0]
+            assert choice["message"].get("tool_calls") is None and choice["message"]["content"] == text, choice
+            return
+        frames = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert frames[-1] == "[DONE]", frames[-3:]
+        chunks = [json.loads(frame, parse_constant=refuse_constant) for frame in frames[:-1]]
+        assert all("error" not in chunk for chunk in chunks), chunks[-1]
+        deltas = [choice["delta"] for chunk in chunks for choice in chunk["choices"]]
+        assert not any(delta.get("tool_calls") for delta in deltas)
+        assert "".join(delta.get("content") or "" for delta in deltas) == text
+
+    return check
+
+
+def refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+UNREADABLE_CALLS = {
+    "a list as the name": '<tool_call>{"name": ["get_weather"], "arguments": {}}</tool_call>',
+    "an object as the name": '<tool_call>{"name": {"get_weather": 1}, "arguments": {}}</tool_call>',
+    "a number past float range": '<tool_call>{"name": "get_weather", "arguments": {"n": 1e999999}}</tool_call>',
+    "NaN in the arguments": '<tool_call>{"name": "get_weather", "arguments": {"n": NaN}}</tool_call>',
+}
+
+
+def unreadable_tool_calls() -> list[Hostile]:
+    """Model output the tool-call parser cannot read as a call: text, streamed or not, never a cut stream or a 500."""
+    return [
+        Hostile(
+            f"tool-call output the parser cannot read: {name}{' (streamed)' if stream else ''}",
+            forced_tool_output(text, stream),
+            (200,),
+            None,
+            answered_as_text(text, stream),
+        )
+        for name, text in UNREADABLE_CALLS.items()
+        for stream in (False, True)
+    ]
+
+
 def nested_json(depth: int) -> bytes:
     return b'{"model": "' + M.encode() + b'", "prompt": "x", "user": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -178,6 +245,7 @@ CASES = [
         (200, 400, 413),
     ),
     Hostile("tool description forging a turn", chat([{"role": "user", "content": "hi"}], tools=[tool("f", description=FORGED_TURN)]), (200,)),
+    *unreadable_tool_calls(),
     Hostile("metrics without the key", unauthorized("GET", "/metrics"), (401,)),
     Hostile("openapi without the key", unauthorized("GET", "/openapi.json"), (401,)),
     Hostile("probing an unknown route without the key", unauthorized("POST", "/v1/embeddings"), (401,)),
@@ -289,7 +357,7 @@ async def flood_next_to_streams(server, flood: Flood) -> FloodOutcome:
 
 
 def assert_answered(response: httpx.Response, case: Hostile) -> None:
-    """The status is one of the case's, and an error is OpenAI error JSON naming the case's field."""
+    """The status is one of the case's, an error is OpenAI error JSON naming the case's field, and the case's own check holds."""
     assert response.status_code in case.statuses, response.text[:500]
     if response.status_code != 200:
         error = response.json()["error"]
@@ -297,6 +365,8 @@ def assert_answered(response: httpx.Response, case: Hostile) -> None:
         assert error["message"]
         if case.param is not None:
             assert error["param"] == case.param, error
+    if case.check is not None:
+        case.check(response)
 
 
 def test_enough_kinds():

@@ -121,3 +121,58 @@ def test_bad_tool_fields_are_a_400_naming_the_field(server, fields, param):
     with pytest.raises(openai.BadRequestError) as refused:
         server.openai().chat.completions.create(model=server.model, **{**REQUEST, **fields})
     assert refused.value.body["param"] == param
+
+
+OPEN_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+"""``{"city": string}`` with any other property allowed: the default model forced to call it keeps adding properties."""
+
+
+def streamed_calls(chunks) -> tuple[list[dict], str | None, int, str]:
+    """The calls joined from a stream's pieces, its finish reason, how many pieces carried arguments, and its content."""
+    calls, finish, pieces, content = {}, None, 0, ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for piece in choice.delta.tool_calls or []:
+                call = calls.setdefault(piece.index, {"id": piece.id, "name": piece.function.name, "arguments": ""})
+                call["arguments"] += piece.function.arguments or ""
+                pieces += bool(piece.function.arguments)
+            finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, pieces, content
+
+
+@pytest.mark.parametrize("max_tokens", [80, 300])
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"], ids=["named", "required"])
+def test_a_forced_call_at_max_tokens_comes_back_as_a_call(server, tool_choice, max_tokens):
+    """The issue's case: the call is what was generated, streamed piece by piece, and finish_reason says why it ended."""
+    request = {
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": [OPEN_WEATHER],
+        "tool_choice": tool_choice,
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "parallel_tool_calls": False,
+    }
+    client = server.openai().with_options(timeout=600)  # 300 tokens on a busy CPU
+    whole = client.chat.completions.create(model=server.model, **request)
+    choice = whole.choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_") and not choice.message.content
+    assert choice.finish_reason in ("length", "tool_calls")
+    if choice.finish_reason == "length":
+        assert whole.usage.completion_tokens == max_tokens
+    else:
+        json.loads(call.function.arguments)
+    assert call.function.arguments.startswith("{")  # "city" is not required: the model may write other properties first
+    calls, finish, pieces, content = streamed_calls(client.chat.completions.create(model=server.model, stream=True, **request))
+    assert finish == choice.finish_reason and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+    assert calls[0]["id"].startswith("call_")
+    assert pieces > 1  # streamed as generated, not in one piece at the end

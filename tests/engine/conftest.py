@@ -1,16 +1,28 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from engine.config import DEFAULT_MODEL
 from engine.core import EngineCore
-from engine.loader.checkpoint import TINY_RANDOM, Checkpoint, load_checkpoint
+from engine.loader.checkpoint import DEFAULT_MODEL_PACKAGE, Checkpoint, ModelNotFoundError, load_checkpoint
+from engine.loader.random_weights import TINY_RANDOM
 from engine.request import EngineOutput
+
+requires_default_model = pytest.mark.skipif(
+    importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None, reason="the default model is not installed (a bare GPU machine; make install installs it)"
+)
 
 
 @pytest.fixture(scope="session")
 def smollm_checkpoint() -> Checkpoint:
-    return load_checkpoint(DEFAULT_MODEL)
+    """The default model's weights; skipped only where they are not installed (a bare GPU machine:
+    `make install` always installs them, so CI runs these tests)."""
+    try:
+        return load_checkpoint(DEFAULT_MODEL)
+    except ModelNotFoundError as error:
+        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from tests.engine.conftest import output_ids
 
 MAX_TOKENS = 20
 SHARED_PREFIX_TOKENS = 40
-BASE_CONFIG = {"model": "tiny-random", "max_num_seqs": 8, "max_model_len": 128, "max_num_batched_tokens": 24}
+BASE_CONFIG = {"model": "tiny-random", "dtype": "float32", "max_num_seqs": 8, "max_model_len": 128, "max_num_batched_tokens": 24}
 
 
 def mixed_requests() -> dict[str, tuple[list[int], SamplingParams]]:

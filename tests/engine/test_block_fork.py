@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
 from engine.kv_cache import PagedKVCache
-from engine.loader.checkpoint import TINY_RANDOM_CONFIG
+from engine.loader.random_weights import RANDOM_MODEL_SHAPES, TINY_RANDOM
 from engine.request import Request
 from sampling.params import SamplingParams
 
@@ -128,7 +128,7 @@ def test_reference_counts_equal_the_tables_that_list_each_block(operations):
 
 
 def test_copy_blocks_copies_keys_and_values_of_every_layer():
-    cache = PagedKVCache(TINY_RANDOM_CONFIG, num_blocks=4, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
+    cache = PagedKVCache(RANDOM_MODEL_SHAPES[TINY_RANDOM], num_blocks=4, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
     for layer in (*cache.keys, *cache.values):
         layer.copy_(torch.randn(layer.shape))
     before = [layer.clone() for layer in (*cache.keys, *cache.values)]

@@ -249,9 +249,9 @@ def test_a_cpu_engine_computes_on_every_core_unless_told(tiny_checkpoint):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        make_engine(tiny_checkpoint)
+        make_engine(tiny_checkpoint, device="cpu")
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
-        make_engine(tiny_checkpoint, cpu_threads=1)
+        make_engine(tiny_checkpoint, device="cpu", cpu_threads=1)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

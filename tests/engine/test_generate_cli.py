@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.engine.conftest import requires_default_model
 
+
+@requires_default_model
 def test_generate_says_paris():
     result = subprocess.run(
         [sys.executable, "-m", "engine.generate", "The capital of France is", "--max-tokens", "8"],

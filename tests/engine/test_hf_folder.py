@@ -73,8 +73,8 @@ def test_hf_folder_logits_match_transformers(tmp_path, tiny_checkpoint, name):
     meta = build_attention_metadata(
         [ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))], runner.kv_cache.block_size, runner.device
     )
-    hidden = runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values)
-    ours = runner.model.compute_logits(hidden)
+    hidden = runner.model(torch.tensor(ids, device=runner.device), meta, runner.kv_cache.keys, runner.kv_cache.values)
+    ours = runner.model.compute_logits(hidden).cpu()
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.core import EngineCore, InvalidRequestError
+from engine.core import NO_TOKEN_LEFT, EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
 from engine.request import FinishReason
 from sampling.params import MAX_INT64, SamplingParams
@@ -94,5 +94,23 @@ def test_validated_params_never_make_a_step_raise(engine: EngineCore, batch: lis
         admitted.append(f"r{index}")
     outputs = run_until_done(engine, max_steps=500)
     for request_id in admitted:
-        assert outputs[request_id][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH), outputs[request_id][-1].error
+        last = outputs[request_id][-1]
+        if last.finish_reason is FinishReason.ERROR:  # its penalties left no token to sample: it fails alone, typed
+            assert last.error is not None and (last.error.message, last.error.client_fault) == (NO_TOKEN_LEFT, True)
+        else:
+            assert last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), last.error
         assert all(0 <= token < VOCAB for token in output_ids(outputs[request_id]))
+
+
+def test_penalties_that_leave_no_token_fail_that_request_alone(engine: EngineCore) -> None:
+    """Only two prompt tokens allowed, pushed below 0 by their bias, then times an infinite repetition penalty:
+    every logit is -inf. The request fails with its reason instead of emitting an arbitrary token."""
+    allowed = PROMPT[:2]
+    params = SamplingParams(allowed_token_ids=allowed, logit_bias={t: -100.0 for t in allowed}, repetition_penalty=1e39, max_tokens=4, seed=3)
+    engine.add_request("no-token", PROMPT, params, tokenize_strings(params, engine.tokenizer.encode))
+    engine.add_request("beside", PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    outputs = run_until_done(engine)
+    failed = outputs["no-token"][-1]
+    assert failed.finish_reason is FinishReason.ERROR and failed.error is not None and failed.error.message == NO_TOKEN_LEFT
+    assert output_ids(outputs["no-token"]) == []
+    assert len(output_ids(outputs["beside"])) == 4 and outputs["beside"][-1].finish_reason is FinishReason.LENGTH

@@ -33,7 +33,7 @@ def test_pack_linears_replaces_every_linear_and_nothing_else():
 
 
 def test_a_bfloat16_cpu_engine_packs_its_decoder_and_keeps_its_output_weight(tiny_checkpoint):
-    engine = EngineCore(EngineConfig(model="tiny-random", dtype="bfloat16", max_num_seqs=2, max_model_len=64), tiny_checkpoint)
+    engine = EngineCore(EngineConfig(model="tiny-random", device="cpu", dtype="bfloat16", max_num_seqs=2, max_model_len=64), tiny_checkpoint)
     model = engine.runner.model
     assert not any(isinstance(m, nn.Linear) for m in model.layers.modules())
     assert isinstance(model.layers[0].mlp.down_proj, PackedLinear)

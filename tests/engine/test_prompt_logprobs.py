@@ -152,7 +152,9 @@ def test_preempted_requests_score_each_prompt_token_once(tiny_checkpoint, async_
     params = SamplingParams(prompt_logprobs=2, temperature=0.0, max_tokens=4, ignore_eos=True)
 
     def run(**overrides: object) -> tuple[EngineCore, dict[str, PromptLogprobs]]:
-        config = EngineConfig(model="tiny-random", max_num_seqs=4, max_model_len=128, max_num_batched_tokens=16, async_scheduling=async_scheduling, **overrides)
+        config = EngineConfig(
+            model="tiny-random", dtype="float32", max_num_seqs=4, max_model_len=128, max_num_batched_tokens=16, async_scheduling=async_scheduling, **overrides
+        )
         engine = EngineCore(config, tiny_checkpoint)
         for request_id, prompt in prompts.items():
             engine.add_request(request_id, prompt, params)

@@ -114,3 +114,44 @@ def test_caller_logits_are_not_modified(dtype: torch.dtype, params: SamplingPara
     before = logits.clone()
     step([params] * 4, logits)
     assert torch.equal(logits, before)
+
+
+def test_temperatures_under_vllms_epsilon_are_greedy() -> None:
+    assert SamplingParams(temperature=9.9e-6).is_greedy and SamplingParams(temperature=5e-324).is_greedy
+    assert not SamplingParams(temperature=1e-5).is_greedy
+    logits = random_logits(64, 100, seed=4) + 100.0
+    out = step([SamplingParams(temperature=1e-30, logit_bias={3: 100.0}, seed=i) for i in range(64)], logits)
+    assert (out == 3).all()
+
+
+SEEN = [0, 1]  # `make_batch`'s prompt: both tokens count as seen for the repetition penalty
+
+
+@PATHS
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "random"])
+def test_a_row_the_penalties_leave_no_finite_logit_emits_minus_one(use_triton: bool, greedy: bool) -> None:
+    """Only the seen tokens are allowed and an infinite repetition penalty (1e39 is inf in float32) sends them to -inf,
+    or a zero one (1e-46 is 0 in float32) sends them to +inf: that row emits -1; the others sample as before."""
+    logits = random_logits(3, 16, seed=5)
+    logits[0, SEEN] = torch.tensor([-1.0, -2.0])
+    logits[1, SEEN] = torch.tensor([1.0, 2.0])
+    temperature = 0.0 if greedy else 1.0
+    params = [
+        SamplingParams(temperature=temperature, allowed_token_ids=SEEN, repetition_penalty=1e39, seed=1),
+        SamplingParams(temperature=temperature, repetition_penalty=1e-46, seed=2),
+        SamplingParams(temperature=0.0),
+    ]
+    out = step(params, logits, use_triton)
+    assert out.tolist()[:2] == [-1, -1]
+    assert out[2] == logits[2].argmax()
+
+
+@PATHS
+def test_a_nan_from_a_penalty_never_wins(use_triton: bool) -> None:
+    """An infinite repetition penalty makes a seen logit of exactly 0 NaN (0 * inf): it counts as -inf."""
+    logits = random_logits(64, 16, seed=6)
+    logits[:, SEEN] = torch.tensor([0.0, -1.0])
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, repetition_penalty=1e39, seed=i) for i in range(64)]
+    out = step(params, logits, use_triton)
+    assert ((out >= 2) & (out < 16)).all()
+    assert torch.equal(out[1::2], logits[1::2, 2:].argmax(dim=-1) + 2)

@@ -12,7 +12,7 @@ from deployments.openai.errors import APIError
 from deployments.openai.protocol import ChatCompletionRequest
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import ChoiceToolCalls, tool_call_output, tool_call_schema
-from deployments.openai.tools import ToolCall
+from deployments.openai.tools import ToolCall, ToolCallDelta
 
 WEATHER = {
     "type": "function",
@@ -67,7 +67,7 @@ def test_a_named_function_constrains_the_output_to_its_parameters():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"town": "Oslo"}, schema)
     calls = ChoiceToolCalls(tool_call_output(body, "hermes", 1024))
-    assert calls.feed('{"city": "Oslo"}', finished=True)[1][0][1].function.name == "get_weather"
+    assert calls.feed('{"city": "Oslo"}', finished=True)[1][0].function.name == "get_weather"
 
 
 @pytest.mark.parametrize("parallel, valid_lengths", [(True, [1, 2]), (False, [1])])
@@ -91,8 +91,8 @@ def test_required_constrains_the_output_to_an_array_of_calls(parallel, valid_len
 def test_a_choice_with_calls_that_stopped_finishes_with_tool_calls():
     calls = ChoiceToolCalls(tool_call_output(chat(tools=[WEATHER]), "hermes", 1024))
     content, new = calls.feed("Sure. " + CALL, finished=False)
-    assert content == "Sure. " and [(i, c.function.name, json.loads(c.function.arguments)) for i, c in new] == [(0, "get_weather", {"city": "Oslo"})]
-    assert calls.feed(CALL, finished=True)[1][0][0] == 1  # the second call's index
+    assert content == "Sure. " and [(c.index, c.function.name, json.loads(c.function.arguments)) for c in new] == [(0, "get_weather", {"city": "Oslo"})]
+    assert calls.feed(CALL, finished=True)[1][0].index == 1  # the second call's index
     assert (calls.finish_reason("stop"), calls.finish_reason("length")) == ("tool_calls", "length")
     assert ChoiceToolCalls(tool_call_output(chat(tools=[WEATHER]), "hermes", 1024)).finish_reason("stop") == "stop"
 
@@ -106,10 +106,35 @@ def test_without_parallel_calls_only_the_first_is_kept():
 def test_calls_in_chunks_and_in_the_whole_response():
     fmt = ResponseFormat.new("chatcmpl-1", "m", chat=True)
     call = ToolCall.new("get_weather", '{"city": "Oslo"}')
-    chunk = fmt.chunk_choice(0, "", "tool_calls", None, tool_calls=[(0, call)])
+    chunk = fmt.chunk_choice(0, "", None, None, tool_calls=[ToolCallDelta.opening(0, call)])
     assert chunk["delta"]["tool_calls"] == [
         {"index": 0, "id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
     ]
+    more = fmt.chunk_choice(0, "", "tool_calls", None, tool_calls=[ToolCallDelta.more_arguments(0, "}")])
+    assert more["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": "}"}}]
     message = fmt.full_choice(0, "", "tool_calls", None, None, [call])["message"]
     assert message == {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
     assert fmt.full_choice(0, "hi", "stop", None, None)["message"] == {"role": "assistant", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    "tool_choice, output",
+    [
+        ({"type": "function", "function": {"name": "get_weather"}}, '{"city":"Oslo","extra_1":"a","extra_2":"b'),
+        ("required", '[{"name":"get_weather","arguments":{"city":"Oslo","extra_1":"a","extra_2":"b'),
+    ],
+)
+def test_a_forced_call_cut_by_the_length_limit_is_a_call_that_says_so(tool_choice, output):
+    """The pieces streamed join into the call the whole response has, and the choice finishes with "length"."""
+    body = chat(tools=[WEATHER, ADD], tool_choice=tool_choice)
+    streamed = ChoiceToolCalls(tool_call_output(body, "hermes", 1024))
+    pieces = [streamed.feed(output[i : i + 5], finished=i + 5 >= len(output)) for i in range(0, len(output), 5)]
+    assert "".join(content for content, _ in pieces) == ""
+    deltas = [delta for _, ds in pieces for delta in ds]
+    assert [d.function.name for d in deltas if d.id is not None] == ["get_weather"]
+    assert "".join(d.function.arguments for d in deltas) == '{"city":"Oslo","extra_1":"a","extra_2":"b'
+    whole = ChoiceToolCalls(tool_call_output(body, "hermes", 1024))
+    assert whole.feed(output, finished=True)[0] == ""
+    assert [(c.function.name, c.function.arguments) for c in whole.calls] == [(c.function.name, c.function.arguments) for c in streamed.calls]
+    assert streamed.calls[0].id == deltas[0].id
+    assert (whole.finish_reason("length"), whole.finish_reason("stop")) == ("length", "tool_calls")

@@ -1,15 +1,18 @@
-"""Tool-call parsers: the same content and calls whatever the split of the text into deltas,
-ordinary text held back only while it may still start a tag, and a bounded buffer."""
+"""The ``hermes`` tool-call parser: the same content and calls whatever the split of the text into
+deltas, ordinary text held back only while it may still start a tag, a bounded buffer, and
+hostile output (a list as the name, a huge integer, deep nesting, arbitrary text) read as text,
+never an exception."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deployments.openai.tool_parsers import ConstrainedCallsParser, HermesToolParser, ParsedCall, ParsedText, held_back
+from deployments.openai.tool_parsers import CallFragment, HermesToolParser, ParsedText, held_back
 
 NAMES = frozenset({"get_weather", "add"})
 MAX_CALL_BYTES = 64  # some of the generated calls are longer
@@ -37,7 +40,7 @@ def reference(text: str) -> ParsedText:
         except json.JSONDecodeError:
             value = None
         if isinstance(value, dict) and value.get("name") in NAMES and len(match.group(1).encode()) <= MAX_CALL_BYTES:
-            parsed.calls.append(ParsedCall(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False)))
+            parsed.calls.append(CallFragment(len(parsed.calls), value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False)))
         else:
             parsed.content += match.group(0)
     parsed.content += text[position:]
@@ -78,12 +81,12 @@ def test_text_is_held_back_only_while_it_may_start_a_tag(text: str, cuts: list[i
 
 def test_text_calls_and_text():
     text = f'Let me look.\n{START}\n{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}\n{END}\nDone.'
-    assert parse([text]) == ParsedText("Let me look.\n\nDone.", [ParsedCall("get_weather", '{"city": "Paris"}')])
+    assert parse([text]) == ParsedText("Let me look.\n\nDone.", [CallFragment(0, "get_weather", '{"city": "Paris"}')])
 
 
 def test_arguments_given_as_text_and_as_parameters():
     strings = f'{START}{{"name": "add", "arguments": "{{\\"a\\": 1}}"}}{END}{START}{{"name": "add", "parameters": {{"a": 2}}}}{END}'
-    assert parse([strings]).calls == [ParsedCall("add", '{"a": 1}'), ParsedCall("add", '{"a": 2}')]
+    assert parse([strings]).calls == [CallFragment(0, "add", '{"a": 1}'), CallFragment(1, "add", '{"a": 2}')]
 
 
 def test_a_call_longer_than_the_limit_is_text_and_the_buffer_stays_bounded():
@@ -101,29 +104,36 @@ def test_an_unclosed_call_is_text_at_the_end():
     assert parse([START, '{"name": "add"']) == ParsedText(START + '{"name": "add"')
 
 
-def test_named_function_output_is_its_arguments():
-    parser = ConstrainedCallsParser(NAMES, MAX_CALL_BYTES, named_function="get_weather")
-    assert parser.feed('{"city":') == ParsedText()
-    assert parser.feed(' "Oslo"}') == ParsedText()
-    assert parser.finish() == ParsedText(calls=[ParsedCall("get_weather", '{"city": "Oslo"}')])
+HOSTILE_BODIES = [
+    '{"name": ["get_weather"], "arguments": {}}',
+    '{"name": {"a": 1}, "arguments": {}}',
+    '{"name": "add", "arguments": {"a": ' + "9" * 5000 + "}}",
+    '{"name": "add", "arguments": {"a": 1e999}}',
+    '{"name": "add", "arguments": {"a": NaN}}',
+    '{"name": "add", "arguments": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"name": "add", "arguments": {"a": ' + "[" * 900 + "]" * 900 + "}}",
+    "[" * 5000 + "]" * 5000,
+    '"just a string"',
+    "null",
+]
 
 
-def test_required_output_is_an_array_of_calls():
-    parser = ConstrainedCallsParser(NAMES, 256, named_function=None)
-    parser.feed('[{"name": "add", "arguments": {"a": 1}}, {"name": "get_weather", "arguments": {}}]')
-    assert parser.finish().calls == [ParsedCall("add", '{"a": 1}'), ParsedCall("get_weather", "{}")]
+@pytest.mark.parametrize("body", HOSTILE_BODIES, ids=range(len(HOSTILE_BODIES)))
+def test_a_call_the_parser_cannot_read_is_text(body: str):
+    parsed = parse([f"ok {START}{body}{END} done"], max_call_bytes=1 << 20)
+    for call in parsed.calls:  # what reads as a call (nesting under the recursion limit) has JSON arguments
+        json.loads(call.arguments)
+    if not parsed.calls:
+        assert parsed.content == f"ok {START}{body}{END} done"
 
 
-def test_constrained_output_that_is_no_call_is_text():
-    for named, text in [(None, '[{"name": "nope", "arguments": {}}]'), (None, '[{"name": "add"'), ("add", "[1]")]:
-        parser = ConstrainedCallsParser(NAMES, MAX_CALL_BYTES, named_function=named)
-        parser.feed(text)
-        assert parser.finish() == ParsedText(text)
+JSON_ISH = st.text(alphabet=st.sampled_from(list('{}[]",:0123456789.eE+-\\ntrufalsNIy ')) | st.characters(), max_size=80)
+HOSTILE_OUTPUTS = st.lists(st.one_of(JSON_ISH, st.sampled_from([START, END, '"name"', '"get_weather"', '"arguments"']), NOISE), max_size=10).map("".join)
 
 
-def test_constrained_output_over_the_limit_passes_as_text():
-    parser = ConstrainedCallsParser(NAMES, max_call_bytes=8, named_function="add")
-    assert parser.feed('{"a": ') == ParsedText()
-    assert parser.feed('"long"}') == ParsedText('{"a": "long"}')
-    assert parser.feed(" more") == ParsedText(" more")
-    assert parser.finish() == ParsedText()
+@given(HOSTILE_OUTPUTS, st.lists(st.integers(0, 300), max_size=12))
+def test_no_output_makes_the_parser_raise(text: str, cuts: list[int]):
+    parsed = parse(splits(text, cuts), max_call_bytes=256)
+    assert parsed == parse([text], max_call_bytes=256)
+    for call in parsed.calls:
+        assert call.name in NAMES

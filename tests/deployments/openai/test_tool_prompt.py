@@ -10,7 +10,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from deployments.openai.protocol import ChatCompletionRequest
-from deployments.openai.tool_parsers import HermesToolParser, ParsedCall
+from deployments.openai.tool_parsers import CallFragment, HermesToolParser
 from deployments.openai.tool_prompt import template_messages
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
 from engine.tokenizer import ChatTemplateError
@@ -99,7 +99,7 @@ def test_the_fallback_describes_the_tools_and_the_format_in_the_system_turn():
     assert messages[3]["content"] == "<tool_response>\nSunny\n</tool_response>"
     # the model's answer in the format the fallback describes is read back by the hermes parser
     parser = HermesToolParser(frozenset({"get_weather"}), 1024)
-    assert parser.feed(messages[2]["content"]).calls == [ParsedCall("get_weather", '{"city": "Paris"}')]
+    assert parser.feed(messages[2]["content"]).calls == [CallFragment(0, "get_weather", '{"city": "Paris"}')]
 
 
 def test_the_fallback_joins_the_clients_system_message():

@@ -1,0 +1,60 @@
+"""`make gpu-check`'s script: its dry run on the CPU runs every step, and the full run fits a device call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.gpu_check import failed_tests, steps
+
+DEVICE_CALL_S = 600
+"""One command on a lent GPU machine runs at most this long; the steps' limits must leave room for installing the wheels."""
+MAX_FILES = 8
+"""Files a device call brings back."""
+
+
+def test_full_run_fits_one_device_call(tmp_path):
+    full = steps(tmp_path, dry_run=False)
+    assert sum(step.timeout_s for step in full) <= DEVICE_CALL_S - 60
+    outputs = {word for step in full for word in step.command if word.startswith(str(tmp_path))}
+    assert len(outputs) + 2 <= MAX_FILES  # the benchmarks' JSON, the log and the summary
+    assert all(step.command.count("cuda") == 1 for step in full if step.name != "tests")
+    assert {step.name for step in full} >= {step.name for step in steps(tmp_path, dry_run=True)}
+
+
+def test_failed_tests_are_read_from_verbose_lines_and_the_summary():
+    output = "\n".join(
+        [
+            "tests/a.py::test_one PASSED    [ 10%]",
+            "tests/a.py::test_two FAILED    [ 20%]",
+            "tests/b.py::test_three[x-1] ERROR [ 30%]",
+            "FAILED tests/a.py::test_two - AssertionError: 1 != 2",
+            "FAILED tests/c.py::test_four - RuntimeError",
+            "ERROR tests/d.py",
+        ]
+    )
+    assert failed_tests(output) == ["tests/a.py::test_two", "tests/b.py::test_three[x-1]", "tests/c.py::test_four", "tests/d.py"]
+
+
+def test_dry_run_runs_every_step_and_writes_its_files(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "run", "--dry-run", "--out", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["dry_run"] is True
+    assert [step["name"] for step in summary["steps"]] == [step.name for step in steps(tmp_path, dry_run=True)]
+    assert all(step["returncode"] == 0 and not step["failed_tests"] for step in summary["steps"]), summary["steps"]
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert written == sorted(
+        ["gpu_check.json", "gpu_check.log", "device_match_cuda.json", "engine_cuda.json", "sampler_cuda.json", "engine_concurrency_cuda.json"]
+    )
+    assert len(written) <= MAX_FILES
+    engine_rows = json.loads((tmp_path / "engine_cuda.json").read_text())["rows"]
+    assert {row["phase"] for row in engine_rows} == {"prefill", "decode"} and all(row["tokens_per_s"] > 0 for row in engine_rows)
