@@ -32,6 +32,7 @@ from deployments.limits import (
     check_prompts,
     check_sampling,
     check_structured_outputs,
+    context_length_error,
 )
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openai.errors import APIError, internal_error
@@ -44,6 +45,7 @@ from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_ou
 from deployments.openai.tool_prompt import template_messages
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
+from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
 from sampling.params import SamplingParams
 
@@ -145,7 +147,7 @@ class Ingress:
         self.app_name = serve.get_replica_context().app_name
         self.engines = engine_handles(self.args, self.app_name)
         self.metrics = IngressMetrics()
-        self.encoder = PromptEncoder(self.tokenizer)
+        self.encoder = PromptEncoder(self.tokenizer, self.args.max_encode_backlog_bytes)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.engine_client: asyncio.Task[EngineClient] | None = None
@@ -205,11 +207,15 @@ class Ingress:
         if model != self.args.model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {self.args.model_name!r}", param="model", code="model_not_found")
 
-    def _check_prompt(self, prompt: list[int]) -> None:
+    def _check_prompt(self, prompt: list[int], param: str) -> None:
         assert self.max_model_len is not None
         if not prompt:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        check_context_length(len(prompt), self.max_model_len)
+            raise APIError(400, "the prompt is empty", param=param)
+        check_context_length(len(prompt), self.max_model_len, param)
+
+    def _too_long(self, error: PromptTooLong, param: str) -> APIError:
+        assert self.max_model_len is not None
+        return context_length_error(error.tokens, self.max_model_len, param, at_least=True)
 
     async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
         raw = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
@@ -257,9 +263,12 @@ class Ingress:
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
         check_in_flight(self.args, len(client.router.streams), choices)
-        prompts = await self.encoder.prompts(texts_or_ids)
+        try:
+            prompts = await self.encoder.prompts(texts_or_ids, max_tokens=self.max_model_len - 1)
+        except PromptTooLong as error:
+            raise self._too_long(error, "prompt") from error
         for prompt in prompts:
-            self._check_prompt(prompt)
+            self._check_prompt(prompt, "prompt")
         fmt = ResponseFormat.new(
             f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
         )
@@ -268,7 +277,7 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         params = body.sampling_params()
-        check_messages(self.args, body.client_texts(), len(body.tools or []))
+        text_bytes = check_messages(self.args, body.client_texts(), len(body.messages), len(body.tools or []))
         schema = tool_call_schema(body)
         if schema is not None:  # the tool call is then the output's only constraint
             params = constrain_to_json_schema(params, schema)
@@ -278,11 +287,14 @@ class Ingress:
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
         check_in_flight(self.args, len(client.router.streams), params.n)
+        assert self.max_model_len is not None
         try:
-            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools)
+            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
         except ChatTemplateError as error:
             raise APIError(400, str(error), param="messages") from error
-        self._check_prompt(prompt)
+        except PromptTooLong as error:
+            raise self._too_long(error, "messages") from error
+        self._check_prompt(prompt, "messages")
         calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs)
         return await self._submit(client, fmt, [prompt], body, params, echo=False)

@@ -4,7 +4,9 @@ The ingress runs these checks on a validated request before it tokenizes, builds
 anything: each refusal is an `APIError` (400, or 413 for sizes; 503 when the replica has too
 many choices in flight) whose ``param`` names the request field and whose message names the
 limit and its configuration key. Text sizes are counted in UTF-8 bytes, which bound the
-tokens a byte-level tokenizer can make of them.
+tokens a byte-level tokenizer can make of them; each chat message also counts `MESSAGE_BYTES`
+(its markup costs tokens and template work, so empty messages are not free). A prompt over
+the model's context is a 400 (as vLLM answers), found from its tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from engine.beam_search import BeamSearchParamError, check_beam_params
 from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"
+MESSAGE_BYTES = 32
+"""What each chat message counts against ``max_prompt_bytes`` besides its text."""
 
 
 class RequestLimits(BaseModel):
@@ -28,7 +32,16 @@ class RequestLimits(BaseModel):
     max_beam_width: int = Field(
         8, ge=1, le=MAX_N, description="n of a beam search (use_beam_search): engine sequences it holds, 2n candidates scored per beam per step."
     )
-    max_prompt_bytes: int = Field(262_144, ge=1, description="UTF-8 bytes of one text prompt (all chat message text together).")
+    max_prompt_bytes: int = Field(
+        262_144, ge=1, description=f"UTF-8 bytes of one text prompt (all chat message text together, and {MESSAGE_BYTES} more per message)."
+    )
+    max_messages: int = Field(4096, ge=1, description="Messages of one chat request.")
+    max_encode_backlog_bytes: int = Field(
+        4 << 20,
+        ge=1,
+        description="UTF-8 bytes of client text an ingress replica's encode workers hold, queued or being encoded (each job counts 1 KiB more); "
+        "a request that would pass it gets 503.",
+    )
     max_stop_strings: int = Field(16, ge=0)
     max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")
     max_bad_words: int = Field(64, ge=0)
@@ -153,20 +166,29 @@ def check_prompts(limits: RequestLimits, prompts: list[str | list[int]], max_mod
             check_context_length(len(prompt), max_model_len)
 
 
-def check_context_length(num_tokens: int, max_model_len: int) -> None:
-    """413 for a prompt that leaves no room for an output token."""
+def check_context_length(num_tokens: int, max_model_len: int, param: str = "prompt") -> None:
+    """400 for a prompt that leaves no room for an output token."""
     if num_tokens >= max_model_len:
-        raise APIError(
-            413, f"the prompt has {num_tokens} tokens; this model's context is {max_model_len} tokens", param="prompt", code="context_length_exceeded"
-        )
+        raise context_length_error(num_tokens, max_model_len, param)
 
 
-def check_messages(limits: RequestLimits, texts: list[str], num_tools: int) -> None:
-    """Chat text (messages, their tool calls, the tools), all together, by UTF-8 size; the number of tools."""
+def context_length_error(num_tokens: int, max_model_len: int, param: str, at_least: bool = False) -> APIError:
+    """The 400 for a prompt of ``num_tokens`` tokens (``at_least``: counted only until it was over)."""
+    counted = f"at least {num_tokens}" if at_least else f"{num_tokens}"
+    message = f"the prompt has {counted} tokens; this model's context is {max_model_len} tokens"
+    return APIError(400, message, param=param, code="context_length_exceeded")
+
+
+def check_messages(limits: RequestLimits, texts: list[str], num_messages: int, num_tools: int) -> int:
+    """The number of messages and of tools; chat text (messages, their tool calls, the tools) all
+    together by UTF-8 size, with `MESSAGE_BYTES` per message: the bytes it returns."""
+    _check_count("messages", "messages", num_messages, limits.max_messages, "max_messages")
     _check_count("tools", "tools", num_tools, limits.max_tools, "max_tools")
-    size = sum(map(utf8_size, texts))
+    size = sum(map(utf8_size, texts)) + MESSAGE_BYTES * num_messages
     if size > limits.max_prompt_bytes:
-        raise _over("messages", "bytes of message and tool text", size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+        what = f"bytes of message and tool text ({MESSAGE_BYTES} per message besides its text)"
+        raise _over("messages", what, size, limits.max_prompt_bytes, "max_prompt_bytes", status=413)
+    return size
 
 
 def check_prompt_logprobs(limits: RequestLimits, prompts: list[list[int]], params: SamplingParams, param: str) -> None:

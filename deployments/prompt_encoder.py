@@ -2,17 +2,26 @@
 
 Tokenizing a long prompt or rendering a chat template costs milliseconds; on the event loop
 every other stream of the replica would wait. Each request's prompts, and its other strings
-(bad words, DRY breakers, negative prompt), are encoded once, on a small bounded pool, so a
-burst of large requests queues there instead. A structured-output constraint is checked
-there too (compiled without the tokenizer), so a bad one is refused before the engine sees it.
+(bad words, DRY breakers, negative prompt), are encoded once, on a small pool, so a burst of
+large requests queues there instead. A structured-output constraint is checked there too
+(compiled without the tokenizer), so a bad one is refused before the engine sees it.
+
+The pool's queue is bounded by the text it holds (`EncodeBacklog`): a request whose job would
+pass ``max_encode_backlog_bytes`` gets 503 at once, and the jobs already queued run as before.
+Prompts are encoded against the context (``max_tokens``), so one too long for it is refused
+from a bounded prefix of the work (`engine.prompt_length.PromptTooLong` reaches the caller).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
+from deployments.encode_backlog import JOB_BYTES, EncodeBacklog
+from deployments.limits import RequestLimits, utf8_size
+from deployments.openai.errors import APIError
 from engine.grammar.spec import grammar_error
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
@@ -20,32 +29,58 @@ from sampling.structured_outputs import StructuredOutputs
 from sampling.tokenized import TokenizedStrings, has_strings, tokenize_strings
 
 ENCODE_WORKERS = 2
+Result = TypeVar("Result")
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer: TextTokenizer, workers: int = ENCODE_WORKERS) -> None:
+    def __init__(self, tokenizer: TextTokenizer, max_backlog_bytes: int = RequestLimits().max_encode_backlog_bytes, workers: int = ENCODE_WORKERS) -> None:
         self.tokenizer = tokenizer
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spout-encode")
+        self.backlog = EncodeBacklog(max_backlog_bytes)
 
-    async def prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+    async def prompts(self, prompts: list[str | list[int]], max_tokens: int | None = None) -> list[list[int]]:
         """Text prompts encoded (special tokens written in them recognised); token-id prompts as given."""
         if all(isinstance(p, list) for p in prompts):
             return prompts  # type: ignore[return-value]
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._encode_all, prompts)
+        text_bytes = sum(utf8_size(p) for p in prompts if isinstance(p, str))
+        return await self._run(text_bytes, self._encode_all, prompts, max_tokens)
 
-    async def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The chat template's prompt for ``messages`` and ``tools``; raises `engine.tokenizer.ChatTemplateError`."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.tokenizer.encode_chat, messages, add_generation_prompt, tools)
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        text_bytes: int = 0,
+    ) -> list[int]:
+        """The chat template's prompt for ``messages`` and ``tools`` (``text_bytes``: what the client's text
+        counted against the limits); raises `engine.tokenizer.ChatTemplateError`."""
+        return await self._run(text_bytes, self.tokenizer.encode_chat, messages, add_generation_prompt, tools, max_tokens)
 
     async def strings(self, params: SamplingParams) -> TokenizedStrings | None:
         """The request's strings as ids (`tokenize_strings`); None when it has none."""
         if not has_strings(params):
             return None
-        return await asyncio.get_running_loop().run_in_executor(self.pool, tokenize_strings, params, self.tokenizer.encode)
+        text_bytes = sum(map(utf8_size, [*params.bad_words, *params.dry_sequence_breakers, params.negative_prompt or ""]))
+        return await self._run(text_bytes, tokenize_strings, params, self.tokenizer.encode)
 
     async def grammar_error(self, constraint: StructuredOutputs) -> str | None:
         """Why ``constraint`` does not compile (`engine.grammar.spec.grammar_error`); None when it does."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, grammar_error, constraint)
+        return await self._run(constraint.text_size(), grammar_error, constraint)
 
-    def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
-        return [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+    async def _run(self, text_bytes: int, job: Callable[..., Result], *args: Any) -> Result:
+        """``job(*args)`` on a worker, charged ``text_bytes`` plus `JOB_BYTES` on the backlog until it ends; 503 when that would pass the limit."""
+        charge = text_bytes + JOB_BYTES
+        if not self.backlog.take(charge):
+            raise APIError(
+                503,
+                f"this server replica's encode workers hold {self.backlog.held} bytes of text; this request's {charge} more would pass "
+                f"its limit of {self.backlog.max_bytes} (max_encode_backlog_bytes): retry later",
+                code="encode_backlog_full",
+            )
+        future = self.pool.submit(job, *args)
+        future.add_done_callback(lambda _: self.backlog.give(charge))
+        return await asyncio.wrap_future(future)
+
+    def _encode_all(self, prompts: list[str | list[int]], max_tokens: int | None) -> list[list[int]]:
+        return [self.tokenizer.encode(p, max_tokens=max_tokens) if isinstance(p, str) else p for p in prompts]

@@ -4,6 +4,11 @@ Text is text: in a chat, only the template's own markup becomes control tokens; 
 a message that spells a special token (``<|im_end|>``) is encoded as ordinary text, so a
 message cannot forge a turn. A completion's string prompt is the client's whole prompt, and
 the special tokens written in it are recognised (`encode`).
+
+Given ``max_tokens``, both refuse a text too long for it (`PromptTooLong`) from a bounded
+prefix of the work (`engine.prompt_length`); a chat is refused by its plain encoding before
+its message text is kept apart from the markup. Keeping it apart costs one sweep over the
+control tokens and the message spans, both in text order.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import jinja2
 import jinja2.ext
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.prompt_length import PromptLength, PromptTooLong
 
 
 class ChatTemplateError(ValueError):
@@ -61,12 +68,26 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, max_tokens: int | None = None) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are recognised.
 
-        ``add_special_tokens`` runs the tokenizer's post-processor (BOS where the model wants one).
+        ``add_special_tokens`` runs the tokenizer's post-processor (BOS where the model wants one);
+        `PromptTooLong` when ``text`` has more than ``max_tokens`` tokens.
         """
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._encode_within(text, add_special_tokens, max_tokens).ids
+
+    def _encode_within(self, text: str, add_special_tokens: bool, max_tokens: int | None) -> tokenizers.Encoding:
+        if max_tokens is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        self._length.check(text, max_tokens)
+        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(encoding) > max_tokens:
+            raise PromptTooLong(len(encoding), max_tokens)
+        return encoding
+
+    @cached_property
+    def _length(self) -> PromptLength:
+        return PromptLength.of(self.tokenizer)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -97,16 +118,22 @@ class TextTokenizer:
         except jinja2.TemplateError as error:
             raise ChatTemplateError(f"chat template failed: {error}") from error
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The prompt's token ids; special-token text inside a message's content stays text, and
-        `ChatTemplateError` for tools or tool calls that spell a special token."""
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None
+    ) -> list[int]:
+        """The prompt's token ids; special-token text inside a message's content stays text;
+        `ChatTemplateError` for tools or tool calls that spell a special token, `PromptTooLong`
+        for a prompt of more than ``max_tokens`` tokens."""
         self._check_outside_content(messages, tools)
         text = self.apply_chat_template(messages, add_generation_prompt, tools)
         # The template writes BOS itself where the model wants one.
-        encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        if not any(special in message["content"] for message in messages for special in self._special_texts):
+        encoding = self._encode_within(text, False, max_tokens)
+        if not any(self._special_pattern.search(message["content"]) for message in messages):
             return encoding.ids  # every control token comes from the markup
-        return self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text, tools))
+        ids = self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text, tools))
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise PromptTooLong(len(ids), max_tokens)
+        return ids
 
     def _check_outside_content(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         """The client's text that the template writes outside the contents (tools, a message's tool
@@ -119,18 +146,14 @@ class TextTokenizer:
     def _encode_with_text_spans(self, text: str, encoding: tokenizers.Encoding, spans: list[tuple[int, int]]) -> list[int]:
         """``text`` with the control tokens of ``encoding`` that lie outside ``spans`` kept, and everything
         between them encoded with special-token text read as ordinary text."""
-        markup = [
-            (start, end, token)
-            for token, (start, end) in zip(encoding.ids, encoding.offsets)
-            if token in self._special_ids and not any(start < span_end and span_start < end for span_start, span_end in spans)
-        ]
+        markup = markup_tokens(encoding.ids, encoding.offsets, self._special_ids, spans)
+        between = zip([0, *(end for _, end, _ in markup)], [*(start for start, _, _ in markup), len(text)])
+        texts = self._text_only.encode_batch([text[start:end] for start, end in between], add_special_tokens=False)
         ids: list[int] = []
-        position = 0
-        for start, end, token in markup:
-            ids += self._text_only.encode(text[position:start], add_special_tokens=False).ids if start > position else []
+        for encoded, (_, _, token) in zip(texts, markup):
+            ids += encoded.ids
             ids.append(token)
-            position = end
-        return ids + (self._text_only.encode(text[position:], add_special_tokens=False).ids if position < len(text) else [])
+        return ids + texts[-1].ids
 
     @cached_property
     def _special_ids(self) -> frozenset[int]:
@@ -139,6 +162,11 @@ class TextTokenizer:
     @cached_property
     def _special_texts(self) -> tuple[str, ...]:
         return tuple(token.content for token in self.tokenizer.get_added_tokens_decoder().values() if token.special)
+
+    @cached_property
+    def _special_pattern(self) -> re.Pattern[str]:
+        """Matches any special token's text (nothing when there are none)."""
+        return re.compile("|".join(map(re.escape, self._special_texts)) or "(?!)")
 
     @cached_property
     def _text_only(self) -> tokenizers.Tokenizer:
@@ -163,3 +191,19 @@ class TextTokenizer:
             )
         ends = list(itertools.accumulate(map(len, texts)))  # a marker after texts[k] sits at ends[k]
         return [(ends[k], ends[k + 1]) for k in range(0, len(kinds), 2)]
+
+
+def markup_tokens(ids: list[int], offsets: list[tuple[int, int]], special_ids: frozenset[int], spans: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(start, end, id) of each control token among ``ids`` (at ``offsets``) that overlaps none of
+    ``spans``, the messages' text: one sweep, since the tokens and the disjoint spans are both
+    in text order (a span that ends before a token starts ends before every later one)."""
+    markup = []
+    span = 0
+    for token, (start, end) in zip(ids, offsets):
+        if token not in special_ids:
+            continue
+        while span < len(spans) and spans[span][1] <= start:
+            span += 1
+        if span == len(spans) or end <= spans[span][0]:
+            markup.append((start, end, token))
+    return markup

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
-from deployments.limits import RequestLimits, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
+from deployments.limits import MESSAGE_BYTES, RequestLimits, check_echo, check_in_flight, check_messages, check_prompts, check_sampling
 from deployments.openai.errors import APIError
 from sampling.params import SamplingParams
 
@@ -29,7 +29,9 @@ LIMITS = RequestLimits(
     max_choices_in_flight=10,
     max_tools=2,
     max_beam_width=3,
+    max_messages=3,
 )
+CHAT_LIMITS = LIMITS.model_copy(update={"max_prompt_bytes": 2 * MESSAGE_BYTES + 10})
 
 # (request field, limit key, params at the limit, params just over it, choices)
 SAMPLING_CASES = [
@@ -87,20 +89,34 @@ def test_prompt_bytes_before_tokenizing():
         assert (refused.value.status, refused.value.param) == (413, "prompt")
     with pytest.raises(APIError, match="context") as refused:
         check_prompts(LIMITS, [[1] * 64], max_model_len=64)
-    assert (refused.value.status, refused.value.code) == (413, "context_length_exceeded")
+    assert (refused.value.status, refused.value.code, refused.value.param) == (400, "context_length_exceeded", "prompt")
 
 
-def test_chat_message_bytes_together():
-    check_messages(LIMITS, ["x" * 5, "y" * 5], num_tools=0)
-    with pytest.raises(APIError, match="max_prompt_bytes") as refused:
-        check_messages(LIMITS, ["x" * 5, "y" * 6], num_tools=0)
-    assert (refused.value.status, refused.value.param) == (413, "messages")
+def test_chat_message_bytes_together_with_a_charge_per_message():
+    assert check_messages(CHAT_LIMITS, ["x" * 5, "y" * 5], num_messages=2, num_tools=0) == 2 * MESSAGE_BYTES + 10
+    for texts, num_messages in ((["x" * 5, "y" * 6], 2), (["", "", ""], 3)):
+        with pytest.raises(APIError, match="max_prompt_bytes") as refused:
+            check_messages(CHAT_LIMITS, texts, num_messages, num_tools=0)
+        assert (refused.value.status, refused.value.param) == (413, "messages")
+
+
+def test_number_of_messages():
+    roomy = LIMITS.model_copy(update={"max_prompt_bytes": 10**6})
+    check_messages(roomy, [], num_messages=3, num_tools=0)
+    with pytest.raises(APIError, match=r"4 messages .*limit of 3 \(max_messages\)") as refused:
+        check_messages(roomy, [], num_messages=4, num_tools=0)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "messages", "limit_exceeded")
+
+
+def test_messages_are_counted_before_their_bytes():
+    with pytest.raises(APIError, match="max_messages"):
+        check_messages(LIMITS, [""] * 30_000, num_messages=30_000, num_tools=0)
 
 
 def test_number_of_tools():
-    check_messages(LIMITS, [], num_tools=2)
+    check_messages(LIMITS, [], num_messages=0, num_tools=2)
     with pytest.raises(APIError, match="max_tools") as refused:
-        check_messages(LIMITS, [], num_tools=3)
+        check_messages(LIMITS, [], num_messages=0, num_tools=3)
     assert (refused.value.status, refused.value.param) == (400, "tools")
 
 

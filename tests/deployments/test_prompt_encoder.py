@@ -1,4 +1,5 @@
-"""Prompts and chat templates are encoded on the encoder's worker threads, never on the event loop."""
+"""Prompts and chat templates are encoded on the encoder's worker threads, never on the event loop;
+their queue is bounded, and a request that would pass it is the one refused."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import threading
 
 import pytest
 
+from deployments.encode_backlog import JOB_BYTES
+from deployments.openai.errors import APIError
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError, TextTokenizer
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
@@ -19,13 +23,15 @@ class ThreadRecordingTokenizer(TextTokenizer):
 
     threads: list[str]
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, max_tokens: int | None = None) -> list[int]:
         self.threads.append(threading.current_thread().name)
-        return super().encode(text, add_special_tokens)
+        return super().encode(text, add_special_tokens, max_tokens)
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, tools: list[dict] | None = None, max_tokens: int | None = None
+    ) -> list[int]:
         self.threads.append(threading.current_thread().name)
-        return super().encode_chat(messages, add_generation_prompt, tools)
+        return super().encode_chat(messages, add_generation_prompt, tools, max_tokens)
 
 
 def _recording() -> ThreadRecordingTokenizer:
@@ -58,3 +64,50 @@ def test_template_errors_reach_the_caller():
     tokenizer = TextTokenizer(TOKENIZER.tokenizer, TOKENIZER.eos_token_ids, TOKENIZER.bos_token_id, chat_template=None)
     with pytest.raises(ChatTemplateError):
         asyncio.run(PromptEncoder(tokenizer).chat([{"role": "user", "content": "x"}], True))
+
+
+class BlockingTokenizer(TextTokenizer):
+    """The real tokenizer, whose encodes wait until ``release`` is set."""
+
+    release: threading.Event
+
+    def encode(self, text: str, add_special_tokens: bool = True, max_tokens: int | None = None) -> list[int]:
+        assert self.release.wait(timeout=60)
+        return super().encode(text, add_special_tokens, max_tokens)
+
+
+def _blocking() -> BlockingTokenizer:
+    tokenizer = BlockingTokenizer(TOKENIZER.tokenizer, TOKENIZER.eos_token_ids, TOKENIZER.bos_token_id, TOKENIZER.chat_template)
+    tokenizer.release = threading.Event()
+    return tokenizer
+
+
+def test_a_request_that_would_pass_the_backlog_gets_503_and_the_queued_one_runs():
+    tokenizer = _blocking()
+    encoder = PromptEncoder(tokenizer, max_backlog_bytes=JOB_BYTES + 100, workers=1)
+
+    async def run() -> tuple[list[list[int]], APIError, int]:
+        queued = asyncio.create_task(encoder.prompts(["x" * 50]))
+        await asyncio.sleep(0)
+        with pytest.raises(APIError) as refused:
+            await encoder.prompts(["y" * 60])
+        tokenizer.release.set()
+        return await queued, refused.value, encoder.backlog.held
+
+    encoded, refusal, held_after = asyncio.run(run())
+    assert encoded == [TOKENIZER.encode("x" * 50)] and held_after == 0
+    assert (refusal.status, refusal.code) == (503, "encode_backlog_full") and "max_encode_backlog_bytes" in refusal.message
+    assert refusal.response().body.startswith(b'{"error":')
+
+
+def test_an_empty_backlog_takes_a_job_over_its_limit():
+    encoder = PromptEncoder(TOKENIZER, max_backlog_bytes=1)
+    assert asyncio.run(encoder.prompts(["a long prompt"])) == [TOKENIZER.encode("a long prompt")]
+    assert encoder.backlog.held == 0
+
+
+def test_a_prompt_over_the_limit_reaches_the_caller():
+    with pytest.raises(PromptTooLong):
+        asyncio.run(PromptEncoder(TOKENIZER).prompts(["word " * 100], max_tokens=50))
+    with pytest.raises(PromptTooLong):
+        asyncio.run(PromptEncoder(TOKENIZER).chat([{"role": "user", "content": "word " * 100}], True, max_tokens=50))

@@ -54,7 +54,6 @@ def server() -> Iterator[Server]:
                 "max_num_seqs": 32,
                 "max_model_len": 1024,
                 "api_key": API_KEY,
-                "max_body_bytes": 65536,
                 "inline_detok_threshold": 8,
                 "max_client_speculative_tokens": 16,
                 "max_allowed_token_ids": 4096,  # under the body limit, so the hostile suite can go over it
