@@ -6,12 +6,12 @@ from collections.abc import Mapping
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
 from deployments.openai.tool_parsers import TOOL_CALL_PARSERS
 from engine.config import DEFAULT_MODEL, EngineConfig
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
-API_KEY_ENV = "SPOUT_API_KEY"
 QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
 
 

@@ -19,6 +19,7 @@ process holding it and what to do.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import subprocess
@@ -38,6 +39,8 @@ DRIVER_MODULE = "deployments.driver"
 DRIVER_GRACE_S = 15.0
 WATCH_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+API_KEY_ENV = "SPOUT_API_KEY"
+"""The environment variable the API key comes from (`deployments.config.ServeArgs`)."""
 VITAL_RAY_PROCESSES = frozenset({"gcs_server", "raylet"})
 
 
@@ -46,6 +49,7 @@ class LaunchArgs:
     host: str
     port: int
     options: dict[str, str]
+    allow_unauthenticated: bool = False
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -63,9 +67,29 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     parser = argparse.ArgumentParser(prog="python -m deployments.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="the address to serve on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--allow-unauthenticated", action="store_true", help="serve an address other machines can reach without an API key")
     parser.add_argument("options", nargs="*", help="build_app options as key=value")
     args = parser.parse_args(argv)
-    return LaunchArgs(args.host, args.port, parse_options(args.options))
+    return LaunchArgs(args.host, args.port, parse_options(args.options), args.allow_unauthenticated)
+
+
+def check_authenticated(args: LaunchArgs, environ: dict[str, str]) -> None:
+    """SystemExit when the server would answer other machines without an API key, unless the operator said so."""
+    if is_loopback(args.host) or args.options.get("api_key") or environ.get(API_KEY_ENV) or args.allow_unauthenticated:
+        return
+    raise SystemExit(
+        f"--host {args.host} serves other machines, and no API key is set: set {API_KEY_ENV} (e.g. `{API_KEY_ENV}=... make run HOST={args.host}`), "
+        "or pass --allow-unauthenticated to serve everyone who can reach it"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def listening_ports(args: LaunchArgs) -> dict[int, str]:
@@ -182,6 +206,7 @@ def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str) -> None
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    check_authenticated(args, dict(os.environ))
     clear_stale_launches()
     for port, host in listening_ports(args).items():
         check_port(host, port)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, clear_stale_launches, parse_options
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options
 from deployments.processes import LAUNCH_ENV
 from tests.deployments.launched import Ports
 
@@ -93,3 +93,26 @@ def test_each_stop_signal_is_counted_not_fatal(signum):
         for s, handler in saved.items():
             signal.signal(s, handler)
     assert (stops.count, stops.first) == (2, signal.Signals(signum).name)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "refused"),
+    [
+        (["--host", "0.0.0.0"], {}, True),
+        (["--host", "192.0.2.7"], {}, True),
+        (["--host", "example.org"], {}, True),
+        (["--host", "0.0.0.0"], {"SPOUT_API_KEY": "k"}, False),
+        (["--host", "0.0.0.0", "api_key=k"], {}, False),
+        (["--host", "0.0.0.0", "--allow-unauthenticated"], {}, False),
+        (["--host", "127.0.0.1"], {}, False),
+        (["--host", "localhost"], {}, False),
+        (["--host", "::1"], {}, False),
+    ],
+)
+def test_other_machines_are_served_only_with_an_api_key_or_when_the_operator_says_so(argv, environ, refused):
+    args = parse_args(argv)
+    if refused:
+        with pytest.raises(SystemExit, match="--allow-unauthenticated"):
+            check_authenticated(args, environ)
+    else:
+        check_authenticated(args, environ)
