@@ -7,8 +7,9 @@ streamed frame, is not on the path. The Ray options are environment variables th
 processes read when they start: the launcher sets them. The host is passed to Serve
 explicitly: under HAProxy, Serve's default host would be every interface.
 
-It deploys ``build_app`` with the ``key=value`` options, prints the address once the app answers
-there, and runs until SIGTERM (from the launcher) or until the launcher is gone; then it shuts
+It deploys ``build_app`` with the ``key=value`` options (and the API key, which it takes out of
+its environment before Ray starts, so that no Ray process but the ingress replicas, through their
+options, holds it), prints the address once the app answers there, and runs until SIGTERM (from the launcher) or until the launcher is gone; then it shuts
 Ray down. The launcher ends whatever is left after that.
 """
 
@@ -18,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import MutableMapping
 
 import httpx
 import ray
@@ -25,7 +27,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.app import build_app
-from deployments.launch import parse_args
+from deployments.launch import API_KEY_ENV, parse_args
 from deployments.processes import LAUNCH_ENV
 
 APP_NAME = "spout"
@@ -55,6 +57,13 @@ def wait_until_healthy(base_url: str, timeout_s: float) -> None:
     raise RuntimeError(f"the app did not answer on {base_url} within {timeout_s:.0f} s")
 
 
+def options_with_api_key(options: dict[str, str], environ: MutableMapping[str, str]) -> dict[str, str]:
+    """``options`` with the API key moved out of ``environ`` (Ray's processes inherit the driver's
+    environment; the key belongs to the ingress replicas alone)."""
+    key = environ.pop(API_KEY_ENV, None)
+    return options if key is None or "api_key" in options else {**options, "api_key": key}
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -77,7 +86,7 @@ def serve_app(app: Application, host: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    app = build_app(args.options)  # invalid options fail here, before Ray starts
+    app = build_app(options_with_api_key(args.options, os.environ))  # invalid options fail here, before Ray starts
     ray.init(address="local")  # a cluster of its own, never one that ``ray start`` left running
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # after ray.init, which installs a handler that aborts
     try:

@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -153,10 +155,18 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def start_driver(argv: list[str]) -> subprocess.Popen:
+def start_driver(argv: list[str], haproxy_dir: str) -> subprocess.Popen:
     """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked."""
-    env = os.environ | FAST_PATH_ENV | {LAUNCH_ENV: str(os.getpid())}
+    env = os.environ | FAST_PATH_ENV | haproxy_files(haproxy_dir) | {LAUNCH_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
+
+
+def haproxy_files(folder: str) -> dict[str, str]:
+    """HAProxy's config, admin socket (which Ray's template makes mode 666, level admin) and state
+    in ``folder``, private to this user (0700), instead of Ray's fixed paths under /tmp that any
+    local user could read and use to redirect traffic."""
+    names = {"CONFIG_FILE_LOC": "haproxy.cfg", "SOCKET_PATH": "admin.sock", "SERVER_STATE_FILE": "server-state", "METRICS_SOCKET_PATH": "metrics.sock"}
+    return {f"RAY_SERVE_HAPROXY_{key}": os.path.join(folder, name) for key, name in names.items()} | {"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder}
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -211,9 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     for port, host in listening_ports(args).items():
         check_port(host, port)
     stops = StopSignals()
-    driver = start_driver(argv)
-    reason = watch(driver, stops)
-    shut_down(driver, stops, reason)
+    haproxy_dir = tempfile.mkdtemp(prefix="spout-haproxy-")  # mode 0700
+    try:
+        driver = start_driver(argv, haproxy_dir)
+        reason = watch(driver, stops)
+        shut_down(driver, stops, reason)
+    finally:
+        shutil.rmtree(haproxy_dir, ignore_errors=True)
     if not stops.count:
         sys.exit(1)
 
