@@ -13,6 +13,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from engine.grammar.limits import GrammarLimits
 from engine.grammar.spec import grammar_error
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
@@ -43,9 +44,9 @@ class PromptEncoder:
             return None
         return await asyncio.get_running_loop().run_in_executor(self.pool, tokenize_strings, params, self.tokenizer.encode)
 
-    async def grammar_error(self, constraint: StructuredOutputs) -> str | None:
-        """Why ``constraint`` does not compile (`engine.grammar.spec.grammar_error`); None when it does."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, grammar_error, constraint)
+    async def grammar_error(self, constraint: StructuredOutputs, limits: GrammarLimits) -> str | None:
+        """Why ``constraint`` does not compile under ``limits`` (`engine.grammar.spec.grammar_error`); None when it does."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, grammar_error, constraint, limits)
 
     def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]

@@ -301,3 +301,126 @@ def test_hostile_request_hurts_no_one(server, twins, case):
         case.check(response)
     assert texts == twins
     assert incarnation(server) == before
+
+
+# --- Grammars that cannot crowd out others (issue 23, item 2) -----------------------------------
+# Each case sends its requests at once beside the 4 streams, and a newcomer's small chat request a
+# second later: the streams stay exact and never wait more than 5 s between frames, the newcomer is
+# answered within 10 s, and each of the case's requests gets one of its statuses (a refusal is
+# OpenAI error JSON naming its limit).
+
+GRAMMAR_STALL_LIMIT_S = 5.0
+GRAMMAR_NEWCOMER_DELAY_S = 1.0
+GRAMMAR_NEWCOMER_LIMIT_S = 10.0
+GRAMMAR_NEWCOMER = {"model": M, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+@dataclass(frozen=True)
+class Crowding:
+    name: str
+    sends: list[Send]
+    """Sent at once, from one client."""
+    statuses: tuple[int, ...]
+
+
+def distinct_schema(salt: int, num_properties: int) -> dict:
+    """A ``response_format`` schema of ``num_properties`` integer properties (about 26 bytes each), unlike any other salt's."""
+    schema = {"type": "object", "properties": {f"s{salt:03d}_{i:05d}": {"type": "integer"} for i in range(num_properties)}}
+    return {"type": "json_schema", "json_schema": {"name": f"wide{salt}", "schema": schema}}
+
+
+def exponential_regex(width: int) -> str:
+    """A regex whose smallest DFA has about 2 ** width states: the ``width``-th character from the end is an 'a'."""
+    return f"[ab]*a[ab]{{{width - 1}}}"
+
+
+CROWDING = [
+    Crowding(
+        "distinct large schemas at n=64 from one client",
+        [completion(response_format=distinct_schema(salt, 1150), n=64, max_tokens=4) for salt in range(8)],
+        (200, 429, 503),
+    ),
+    Crowding(
+        "an exponential-DFA regex at n=16",
+        [completion(structured_outputs={"regex": exponential_regex(width)}, n=16, max_tokens=16) for width in (20, 24, 28)],
+        (200, 400),
+    ),
+    Crowding(
+        "synchronous-forcing requests",
+        [
+            completion(response_format={"type": "json_object"}, n=16, max_tokens=8),
+            chat([{"role": "user", "content": "Weather in Paris?"}], tools=[tool("get_weather")], tool_choice="required", n=8, max_tokens=8),
+            chat([{"role": "user", "content": "hi"}], tools=[tool("f")], tool_choice={"type": "function", "function": {"name": "f"}}, max_tokens=8),
+            completion(use_beam_search=True, n=8, max_tokens=8, ignore_eos=True),
+            completion(use_beam_search=True, n=4, max_tokens=8, ignore_eos=True, prompt="Once upon a time"),
+        ],
+        (200,),
+    ),
+]
+
+
+@dataclass(frozen=True)
+class TimedStream:
+    text: str
+    longest_wait_s: float
+    """The longest wait between two frames after the first text."""
+
+
+async def timed_stream_text(client: httpx.AsyncClient, body: dict, started: asyncio.Event) -> TimedStream:
+    """The streamed text and the longest wait between its frames; sets ``started`` on the first text."""
+    text, longest_wait, last_frame = "", 0.0, None
+    async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as response:
+        assert response.status_code == 200, await response.aread()
+        async for payload in sse_payloads(response):
+            now = asyncio.get_running_loop().time()
+            if last_frame is not None:
+                longest_wait = max(longest_wait, now - last_frame)
+            if payload is None:
+                return TimedStream(text, longest_wait)
+            assert "error" not in payload, payload
+            text += "".join(choice["text"] for choice in payload["choices"])
+            started.set()
+            last_frame = now
+    raise AssertionError("the stream ended without [DONE]")
+
+
+@dataclass(frozen=True)
+class CrowdingOutcome:
+    responses: list[httpx.Response]
+    streams: list[TimedStream]
+    newcomer: httpx.Response
+    newcomer_s: float
+
+
+async def crowding_next_to_streams(server, case: Crowding) -> CrowdingOutcome:
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=STREAM_TIMEOUT_S) as client:
+        started = [asyncio.Event() for _ in range(NUM_STREAMS)]
+        streams = [asyncio.create_task(timed_stream_text(client, body, s)) for body, s in zip(stream_bodies(), started)]
+        await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), STREAM_TIMEOUT_S)
+        sent = [asyncio.create_task(send(client)) for send in case.sends]
+        await asyncio.sleep(GRAMMAR_NEWCOMER_DELAY_S)
+        loop = asyncio.get_running_loop()
+        newcomer_sent = loop.time()
+        newcomer = await asyncio.wait_for(client.post("/v1/chat/completions", json=GRAMMAR_NEWCOMER), GRAMMAR_NEWCOMER_LIMIT_S)
+        newcomer_s = loop.time() - newcomer_sent
+        responses = await asyncio.wait_for(asyncio.gather(*sent), STREAM_TIMEOUT_S)
+        timed = await asyncio.wait_for(asyncio.gather(*streams), STREAM_TIMEOUT_S)
+    return CrowdingOutcome(responses, timed, newcomer, newcomer_s)
+
+
+@pytest.mark.parametrize("case", CROWDING, ids=[c.name for c in CROWDING])
+def test_grammars_crowd_out_no_stream_and_no_newcomer(server, twins, case):
+    before = incarnation(server)
+    outcome = asyncio.run(crowding_next_to_streams(server, case))
+    for response in outcome.responses:
+        assert response.status_code in case.statuses, response.text[:500]
+        if response.status_code != 200:
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+            if response.status_code != 400:
+                assert error["code"] == "grammar_compiles_busy" and "grammar_compiles" in error["message"], error
+    assert outcome.newcomer.status_code == 200 and outcome.newcomer_s < GRAMMAR_NEWCOMER_LIMIT_S, outcome.newcomer.text[:500]
+    assert [s.text for s in outcome.streams] == twins
+    assert max(s.longest_wait_s for s in outcome.streams) < GRAMMAR_STALL_LIMIT_S, outcome.streams
+    assert incarnation(server) == before
