@@ -88,7 +88,7 @@ class GrammarCompiler:
         """A fresh matcher for ``constraint`` when it compiled before, else the job compiling it
         (shared by every request that asks for it meanwhile). Raises `CompilesBusyError` when a new
         job would pass the budget, `GrammarTimeoutError` when the grammar compiled too slowly before."""
-        key = constraint.model_dump_json()
+        key = constraint.key
         template = self._cache.get(key)
         if template is not None:
             self._cache.move_to_end(key)
