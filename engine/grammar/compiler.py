@@ -121,6 +121,7 @@ class GrammarCompiler:
                     self._cache.popitem(last=False)
 
     def _start(self, key: str, constraint: StructuredOutputs, client: str) -> CompileJob:
+        self.reap(time.monotonic())  # a job whose requests all failed may have ended while the engine was idle
         if len(self.jobs) >= self.budget.per_engine:
             raise CompilesBusyError(CompileLimit.PER_ENGINE, self.budget.per_engine)
         if sum(job.client == client for job in self.jobs.values()) >= self.budget.per_client:

@@ -8,6 +8,8 @@ import threading
 
 import llguidance
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
@@ -186,3 +188,25 @@ def test_beam_rows_wait_behind_their_cap(tiny_checkpoint):
     assert engine.beams.num_rows == 0
     with pytest.raises(InvalidRequestError, match="max_beam_rows"):
         engine.add_request("s3", PROMPT, SamplingParams(use_beam_search=True, n=3, max_tokens=4))
+
+
+@given(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=8), st.randoms())
+def test_equal_constraints_share_a_key_whatever_their_order(properties, random):
+    shuffled = list(properties.items())
+    random.shuffle(shuffled)
+    schema = {"type": "object", "properties": properties}
+    assert StructuredOutputs(json=schema).key == StructuredOutputs(json={"properties": dict(shuffled), "type": "object"}).key
+    assert StructuredOutputs(json=schema).key != StructuredOutputs(json=schema | {"required": ["x"]}).key
+    assert StructuredOutputs(regex="a").key != StructuredOutputs(grammar="a").key
+
+
+def test_a_job_that_ended_while_the_engine_was_idle_frees_its_share(tiny_checkpoint):
+    engine = tiny_engine(tiny_checkpoint, compile_budget=CompileBudget(per_engine=1, per_client=1, timeout_s=0.05))
+    release = hold_compiles(engine)
+    engine.add_request("slow", PROMPT, regex_params("q+"), client="a")
+    run_until_done(engine)  # failed past the deadline; the worker still compiles it
+    [job] = engine.constrained.compiler.jobs.values()
+    release.set()
+    job.future.result(timeout=30)
+    engine.add_request("next", PROMPT, regex_params("r+"), client="a")  # no step ran since the job ended
+    assert run_until_done(engine)["next"][-1].finish_reason != FinishReason.ERROR
