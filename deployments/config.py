@@ -56,6 +56,7 @@ class ServeArgs(RequestLimits):
     grammar_initial_lexer_fuel: int = Field(1_000_000, ge=1, description="llguidance's work bound to build a grammar's lexer (about 50k per ms).")
     grammar_step_lexer_fuel: int = Field(200_000, ge=1, description="llguidance's lexer work bound per token's mask (about 14k per ms).")
     grammar_step_max_items: int = Field(50_000, ge=1, description="llguidance's Earley items bound per token's mask (about 20k per ms).")
+    grammar_max_items_in_row: int = Field(2000, ge=1, description="Earley items in one row of a parse, kept per token (llguidance's max_items_in_row).")
     grammar_max_size: int = Field(500_000, ge=1, description="Symbols in a grammar's productions (llguidance's max_grammar_size).")
     engine_cpu_threads: int | None = Field(None, ge=1, description="Torch threads of an engine on the CPU; default every core of its node.")
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
@@ -125,6 +126,7 @@ class ServeArgs(RequestLimits):
             initial_lexer_fuel=self.grammar_initial_lexer_fuel,
             step_lexer_fuel=self.grammar_step_lexer_fuel,
             step_max_items=self.grammar_step_max_items,
+            max_items_in_row=self.grammar_max_items_in_row,
             max_grammar_size=self.grammar_max_size,
         )
 

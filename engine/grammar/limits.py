@@ -22,6 +22,8 @@ class GrammarLimits:
     """Lexer work per token's mask (about 14k per ms: 15 ms)."""
     step_max_items: int = 50_000
     """Earley items per token's mask (about 20k per ms: 2.5 ms)."""
+    max_items_in_row: int = 2000
+    """Earley items in one row of the parse (a row is kept per token for rollback: memory per matcher)."""
     max_grammar_size: int = 500_000
     """Symbols in a grammar's productions."""
 

@@ -34,6 +34,7 @@ def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
         initial_lexer_fuel=limits.initial_lexer_fuel,
         step_lexer_fuel=limits.step_lexer_fuel,
         step_max_items=limits.step_max_items,
+        max_items_in_row=limits.max_items_in_row,
         max_grammar_size=limits.max_grammar_size,
         verbose_errors=False,
     )

@@ -27,12 +27,13 @@ def test_grammar_options_reach_the_engine():
         grammar_compile_timeout_s=3.5,
         grammar_max_lexer_states=1000,
         grammar_step_lexer_fuel=5000,
+        grammar_max_items_in_row=300,
         max_constrained_rows=7,
         max_beam_rows=9,
     )
     config = args.engine_config()
     assert config.compile_budget == CompileBudget(per_engine=6, per_client=2, timeout_s=3.5)
-    assert config.grammar_limits == GrammarLimits(max_lexer_states=1000, step_lexer_fuel=5000)
+    assert config.grammar_limits == GrammarLimits(max_lexer_states=1000, step_lexer_fuel=5000, max_items_in_row=300)
     assert (config.max_constrained_rows, config.max_beam_rows) == (7, 9)
     with pytest.raises(ValidationError, match="max_client_grammar_compiles"):
         ServeArgs(max_queued_grammar_compiles=2, max_client_grammar_compiles=3)

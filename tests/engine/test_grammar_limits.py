@@ -124,10 +124,10 @@ def test_a_compile_past_the_deadline_fails_its_requests_alone(tiny_checkpoint):
 
 
 def test_grammar_limits_reach_llguidance():
-    limits = GrammarLimits(max_lexer_states=100, initial_lexer_fuel=2000, step_lexer_fuel=3000, step_max_items=400, max_grammar_size=5000)
+    limits = GrammarLimits(max_lexer_states=100, initial_lexer_fuel=2000, step_lexer_fuel=3000, step_max_items=400, max_items_in_row=50, max_grammar_size=5000)
     parser = parser_limits(limits)
     assert (parser.max_lexer_states, parser.initial_lexer_fuel, parser.step_lexer_fuel) == (100, 2000, 3000)
-    assert (parser.step_max_items, parser.max_grammar_size, parser.verbose_errors) == (400, 5000, False)
+    assert (parser.step_max_items, parser.max_items_in_row, parser.max_grammar_size, parser.verbose_errors) == (400, 50, 5000, False)
     wide = StructuredOutputs(json={"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(400)}})
     assert grammar_error(wide, GrammarLimits()) is None
     assert grammar_error(wide, GrammarLimits(max_grammar_size=500)) is not None
