@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 
 import llguidance
 
@@ -29,15 +30,7 @@ class GrammarError(ValueError):
 def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
     """llguidance's bounds on a grammar's size, memory and its compile and per-token cost, from
     ``limits``, with errors that do not quote the grammar back."""
-    return llguidance.LLParserLimits(
-        max_lexer_states=limits.max_lexer_states,
-        initial_lexer_fuel=limits.initial_lexer_fuel,
-        step_lexer_fuel=limits.step_lexer_fuel,
-        step_max_items=limits.step_max_items,
-        max_items_in_row=limits.max_items_in_row,
-        max_grammar_size=limits.max_grammar_size,
-        verbose_errors=False,
-    )
+    return llguidance.LLParserLimits(**asdict(limits), verbose_errors=False)  # its fields are llguidance's names
 
 
 def grammar_text(constraint: StructuredOutputs) -> str:
