@@ -70,7 +70,7 @@ class EngineServer:
         try:
             [refusal] = (await self.engine.add_requests(SUBSCRIBER, [NewRequest(request_id, prompt, params)])).errors
             if refusal is not None:
-                raise RuntimeError(refusal)
+                raise RuntimeError(refusal.message)
             while not finished:
                 output = await queue.get()
                 finished = output.finish_reason is not None

@@ -84,6 +84,10 @@ class SyntheticEngineCore:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def num_compiling(self) -> int:
+        return 0  # no grammars
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self.pending_outputs)
 
@@ -92,7 +96,9 @@ class SyntheticEngineCore:
             return self.requests[request_id].generated
         return self.finished_generated_counts[request_id]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None, client: str = ""
+    ) -> None:
         if not prompt_token_ids or len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequestError(f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}")
         if request_id in self.requests:

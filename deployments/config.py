@@ -10,6 +10,7 @@ from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
 from deployments.openai.tool_parsers import TOOL_CALL_PARSERS
 from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
@@ -38,6 +39,25 @@ class ServeArgs(RequestLimits):
     prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
     prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
     grammar_cache_size: int = Field(256, ge=1, description="Compiled structured-output grammars each engine keeps (least recently used dropped).")
+    max_queued_grammar_compiles: int = Field(
+        16, ge=1, description="Uncached grammars an engine compiles or queues at once (the choices of a request share one); more get 503."
+    )
+    max_client_grammar_compiles: int = Field(
+        4,
+        ge=1,
+        description="Of those, how many one client (by the address the ingress sees; behind HAProxy every client shares one) may bring; more get 429.",
+    )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="A compile that runs longer fails its requests (400); the grammar is then refused at once until it leaves the cache's memory."
+    )
+    grammar_max_lexer_states: int = Field(
+        16_384, ge=1, description="Lexer states one grammar may build, about 1-2 kB each (llguidance's max_lexer_states; its default is 250,000)."
+    )
+    grammar_initial_lexer_fuel: int = Field(1_000_000, ge=1, description="llguidance's work bound to build a grammar's lexer (about 50k per ms).")
+    grammar_step_lexer_fuel: int = Field(200_000, ge=1, description="llguidance's lexer work bound per token's mask (about 14k per ms).")
+    grammar_step_max_items: int = Field(50_000, ge=1, description="llguidance's Earley items bound per token's mask (about 20k per ms).")
+    grammar_max_items_in_row: int = Field(2000, ge=1, description="Earley items in one row of a parse, kept per token (llguidance's max_items_in_row).")
+    grammar_max_size: int = Field(500_000, ge=1, description="Symbols in a grammar's productions (llguidance's max_grammar_size).")
     engine_cpu_threads: int | None = Field(None, ge=1, description="Torch threads of an engine on the CPU; default every core of its node.")
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_resource: str | None = Field(
@@ -101,6 +121,21 @@ class ServeArgs(RequestLimits):
             )
         return self
 
+    @model_validator(mode="after")
+    def _client_share_within_the_engine(self) -> ServeArgs:
+        CompileBudget(self.max_queued_grammar_compiles, self.max_client_grammar_compiles, self.grammar_compile_timeout_s)
+        return self
+
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits(
+            max_lexer_states=self.grammar_max_lexer_states,
+            initial_lexer_fuel=self.grammar_initial_lexer_fuel,
+            step_lexer_fuel=self.grammar_step_lexer_fuel,
+            step_max_items=self.grammar_step_max_items,
+            max_items_in_row=self.grammar_max_items_in_row,
+            max_grammar_size=self.grammar_max_size,
+        )
+
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
@@ -118,5 +153,9 @@ class ServeArgs(RequestLimits):
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
             grammar_cache_size=self.grammar_cache_size,
+            grammar_limits=self.grammar_limits(),
+            compile_budget=CompileBudget(self.max_queued_grammar_compiles, self.max_client_grammar_compiles, self.grammar_compile_timeout_s),
+            max_constrained_rows=self.max_constrained_rows,
+            max_beam_rows=self.max_beam_rows,
             cpu_threads=self.engine_cpu_threads,
         )

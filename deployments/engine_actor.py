@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
+from engine.grammar.compiler import CompileLimit, CompilesBusyError
 from engine.request import EngineOutput
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
@@ -37,8 +38,20 @@ from sampling.tokenized import TokenizedStrings
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SERVER_FULL = "the server is full: too many requests are waiting"
-ABORTED = "the request was aborted before it was admitted"
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the engine did not take a request, as the HTTP error its client gets."""
+
+    status: int
+    message: str
+    code: str | None = None
+
+
+SERVER_FULL = Refusal(503, "the server is full: too many requests are waiting", "server_full")
+ABORTED = Refusal(499, "the request was aborted before it was admitted", "client_closed_request")
+COMPILES_BUSY_STATUS = {CompileLimit.PER_CLIENT: 429, CompileLimit.PER_ENGINE: 503}
+"""A client over its own share of compiles is told to slow down; a busy engine, to retry later."""
 SUBSCRIBER_TIMEOUT_S = 30.0  # far above the ingress's 1 s long poll
 RECENT_ABORTS = 65536  # ids aborted before their add arrived, remembered so that the add is refused
 # Step j waits for step j - 3's outputs to be routed: at most 2 steps of abort waste (one more
@@ -54,14 +67,16 @@ class NewRequest:
     params: SamplingParams
     strings: TokenizedStrings | None = None
     """The request's bad words, DRY breakers and negative prompt as ids (None: it has none)."""
+    client: str = ""
+    """Who sent it, as the ingress knows them: whose share of the engine's grammar compiles it uses."""
 
 
 @dataclass(frozen=True)
 class Added:
-    """`EngineActor.add_requests`'s reply: an error message per refused request (None: queued)."""
+    """`EngineActor.add_requests`'s reply: why each request was refused (None: queued)."""
 
     incarnation: int
-    errors: list[str | None]
+    errors: list[Refusal | None]
 
 
 @dataclass(frozen=True)
@@ -126,7 +141,7 @@ class EngineActor:
         return self.engine.max_model_len
 
     async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> Added:
-        """Queue requests whose outputs go to ``subscriber``; an error message per refused request."""
+        """Queue requests whose outputs go to ``subscriber``; why each refused request was refused."""
         self._subscriber(subscriber)
         return Added(self.incarnation, await self._call(lambda: [self._add(subscriber, r) for r in requests]))
 
@@ -168,6 +183,7 @@ class EngineActor:
                 "incarnation": self.incarnation,
                 "running": engine.num_running,
                 "waiting": engine.num_waiting,
+                "compiling": engine.num_compiling,
                 "generated_tokens": engine.num_generated_tokens,
                 "draft_tokens": engine.num_draft_tokens,
                 "accepted_tokens": engine.num_accepted_tokens,
@@ -233,16 +249,18 @@ class EngineActor:
         self.wakeup.set()
         return future
 
-    def _add(self, subscriber: str, request: NewRequest) -> str | None:
+    def _add(self, subscriber: str, request: NewRequest) -> Refusal | None:
         if request.request_id in self.recent_aborts:
             del self.recent_aborts[request.request_id]
             return ABORTED
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings)
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings, request.client)
         except InvalidRequestError as error:
-            return str(error)
+            return Refusal(400, str(error))
+        except CompilesBusyError as error:
+            return Refusal(COMPILES_BUSY_STATUS[error.limit], str(error), "grammar_compiles_busy")
         self.owners[request.request_id] = subscriber
         return None
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
-from deployments.engine_actor import ABORTED, SERVER_FULL, NewRequest
+from deployments.engine_actor import NewRequest, Refusal
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError, internal_error
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
@@ -72,8 +72,8 @@ class EngineClient:
     def _adder(self, engine_index: int):
         engine = self.engines[engine_index]
 
-        async def add(requests: list[NewRequest]) -> list[tuple[int, str | None]]:
-            """Per request, the engine's incarnation and an error message or None."""
+        async def add(requests: list[NewRequest]) -> list[tuple[int, Refusal | None]]:
+            """Per request, the engine's incarnation and why it was refused, or None."""
             reply = await asyncio.wait_for(engine.add_requests.remote(self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
             self.router.saw_incarnation(engine_index, reply.incarnation)
             return [(reply.incarnation, error) for error in reply.errors]
@@ -105,9 +105,9 @@ class EngineClient:
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
         return min(up, key=live.__getitem__)
 
-    async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool) -> Submission:
+    async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool, client: str = "") -> Submission:
         """Add ``n`` choices per prompt to one engine (with beam search, one search of ``n`` beams per
-        prompt); choice index = prompt index * n + i."""
+        prompt); choice index = prompt index * n + i. ``client``: who sent it (their share of grammar compiles)."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
@@ -118,12 +118,12 @@ class EngineClient:
             prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
             search_id = f"{format.request_id}-{prompt_index}" if params.use_beam_search else None
             if search_id is not None:
-                requests.append(NewRequest(search_id, prompt, params, strings))
+                requests.append(NewRequest(search_id, prompt, params, strings, client))
             for i in range(params.n):
                 index = prompt_index * params.n + i
                 if search_id is None:
                     choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
-                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings))
+                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings, client))
                 request_id = requests[-1].request_id if search_id is None else beam_choice_id(search_id, i)
                 streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state, search_id=search_id))
                 request_of_stream.append(len(requests) - 1)
@@ -146,7 +146,7 @@ class EngineClient:
         refused = [e for _, e in replies if e is not None]
         if refused:
             self._withdraw(streams)
-            raise refusal(refused[0])
+            raise APIError(refused[0].status, refused[0].message, code=refused[0].code)
         self.metrics.tokens.inc("prompt", sum(len(p) for p in prompts))
         return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
 
@@ -281,12 +281,3 @@ def full_choice(
     calls = ChoiceToolCalls(fmt.tool_calls)
     content, _ = calls.feed(text, finished=True)
     return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, calls.calls)
-
-
-def refusal(message: str) -> APIError:
-    """The HTTP error for an engine's refusal of a request."""
-    if message == SERVER_FULL:
-        return APIError(503, message, code="server_full")
-    if message == ABORTED:
-        return APIError(499, message, code="client_closed_request")
-    return APIError(400, message)

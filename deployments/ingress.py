@@ -137,6 +137,11 @@ def application_running(app_name: str) -> bool:
     return status is not None and status.status != ApplicationStatus.DELETING
 
 
+def client_address(request: Request) -> str:
+    """Who sent ``request``, as far as the ingress can tell: the peer's address (behind HAProxy, HAProxy's, the same for every client)."""
+    return request.client.host if request.client is not None else ""
+
+
 class Ingress:
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -228,12 +233,13 @@ class Ingress:
         if params.structured_outputs is None:
             return
         check_structured_outputs(self.args, params, param)
-        error = await self.encoder.grammar_error(params.structured_outputs)
+        error = await self.encoder.grammar_error(params.structured_outputs, self.args.grammar_limits())
         if error is not None:
             raise APIError(400, f"{param}: {error}", param=param, code="invalid_grammar")
 
     async def _submit(
         self,
+        request: Request,
         client: EngineClient,
         fmt: ResponseFormat,
         prompts: list[list[int]],
@@ -246,7 +252,7 @@ class Ingress:
         # Checked again with no await before `submit` registers the choices, so that requests
         # whose prompts were encoded at the same time cannot together pass the limit.
         check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
-        submission = await client.submit(fmt, prompts, params, echo)
+        submission = await client.submit(fmt, prompts, params, echo, client_address(request))
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
         return JSONResponse(await client.collect(submission))
@@ -272,7 +278,7 @@ class Ingress:
         fmt = ResponseFormat.new(
             f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
         )
-        return await self._submit(client, fmt, prompts, body, params, echo=body.echo)
+        return await self._submit(request, client, fmt, prompts, body, params, echo=body.echo)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
@@ -297,7 +303,7 @@ class Ingress:
         self._check_prompt(prompt, "messages")
         calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
         fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs)
-        return await self._submit(client, fmt, [prompt], body, params, echo=False)
+        return await self._submit(request, client, fmt, [prompt], body, params, echo=False)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

@@ -65,6 +65,18 @@ class RequestLimits(BaseModel):
         le=MAX_SPECULATIVE_TOKENS,
         description="The most num_speculative_tokens a client may ask for beyond the server's own; 0: clients cannot turn speculation on.",
     )
+    max_constrained_rows: int = Field(
+        64,
+        ge=0,
+        description="Requests with an output constraint (response_format, structured_outputs, a required or named tool call) an engine runs at once; "
+        "more wait their turn. Each makes every step of its engine synchronous (the next mask needs the sampled token); 0 refuses them (400).",
+    )
+    max_beam_rows: int = Field(
+        64,
+        ge=0,
+        description="Beams of beam searches an engine runs at once; more searches wait their turn. Each makes every step of its engine "
+        "synchronous; a search wider than this is refused (400), and 0 refuses use_beam_search.",
+    )
     max_json_depth: int = Field(32, ge=2, le=512, description="Nesting of arrays and objects in a request body.")
     max_tools: int = Field(64, ge=0, description="Entries of tools (their text counts in max_prompt_bytes).")
     max_tool_call_bytes: int = Field(
@@ -119,6 +131,7 @@ def check_sampling(
     _check_count("logprobs", "logprob entries per step (logprobs × choices)", entries, limits.max_logprob_entries, "max_logprob_entries")
     _check_speculation(limits, params, server_speculative_tokens)
     _check_beam_search(limits, params, structured_param)
+    _check_synchronous_rows(limits, params, structured_param)
 
 
 def _check_beam_search(limits: RequestLimits, params: SamplingParams, structured_param: str) -> None:
@@ -131,6 +144,19 @@ def _check_beam_search(limits: RequestLimits, params: SamplingParams, structured
         if error.param == "structured_outputs":
             raise APIError(400, f"{structured_param}: cannot be combined with beam search (use_beam_search)", param=structured_param) from error
         raise APIError(400, str(error), param=error.param) from error
+
+
+def _check_synchronous_rows(limits: RequestLimits, params: SamplingParams, structured_param: str) -> None:
+    """Output constraints and beam searches make their engine's steps synchronous: the operator may turn them off (0) or bound them."""
+    if params.structured_outputs is not None and limits.max_constrained_rows == 0:
+        raise APIError(
+            400,
+            f"{structured_param}: output constraints are off on this server (max_constrained_rows is 0; they make every step synchronous)",
+            param=structured_param,
+            code=LIMIT_EXCEEDED,
+        )
+    if params.use_beam_search:
+        _check_count("n", "beams (beam search width; max_beam_rows 0 turns beam search off)", params.n, limits.max_beam_rows, "max_beam_rows")
 
 
 def check_structured_outputs(limits: RequestLimits, params: SamplingParams, param: str) -> None:

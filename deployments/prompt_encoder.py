@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from deployments.encode_backlog import JOB_BYTES, EncodeBacklog
 from deployments.limits import RequestLimits, utf8_size
 from deployments.openai.errors import APIError
+from engine.grammar.limits import GrammarLimits
 from engine.grammar.spec import grammar_error
 from engine.tokenizer import TextTokenizer
 from sampling.params import SamplingParams
@@ -64,9 +65,9 @@ class PromptEncoder:
         text_bytes = sum(map(utf8_size, [*params.bad_words, *params.dry_sequence_breakers, params.negative_prompt or ""]))
         return await self._run(text_bytes, tokenize_strings, params, self.tokenizer.encode)
 
-    async def grammar_error(self, constraint: StructuredOutputs) -> str | None:
-        """Why ``constraint`` does not compile (`engine.grammar.spec.grammar_error`); None when it does."""
-        return await self._run(constraint.text_size(), grammar_error, constraint)
+    async def grammar_error(self, constraint: StructuredOutputs, limits: GrammarLimits) -> str | None:
+        """Why ``constraint`` does not compile under ``limits`` (`engine.grammar.spec.grammar_error`); None when it does."""
+        return await self._run(constraint.text_size(), grammar_error, constraint, limits)
 
     async def _run(self, text_bytes: int, job: Callable[..., Result], *args: Any) -> Result:
         """``job(*args)`` on a worker, charged ``text_bytes`` plus `JOB_BYTES` on the backlog until it ends; 503 when that would pass the limit."""

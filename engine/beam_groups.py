@@ -51,10 +51,14 @@ class BeamGroup:
 
 
 class BeamGroups:
-    """The engine's beam searches: started when ``W`` rows are free, advanced as their rounds complete."""
+    """The engine's beam searches: started when ``W`` rows are free (and the searches' rows stay within
+    ``max_rows``), advanced as their rounds complete."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: tuple[int, ...], max_model_len: int, max_rows: int) -> None:
+        """``max_rows``: the most sampling rows the engine's running searches hold together (their widths)."""
         self.scheduler = scheduler
+        self.max_rows = max_rows
+        self.num_rows = 0
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -75,10 +79,11 @@ class BeamGroups:
         self.waiting.append(group)
 
     def start_waiting(self) -> None:
-        """Start queued searches, in order, while the scheduler has ``W`` free rows for the next."""
+        """Start queued searches, in order, while the scheduler has ``W`` free rows for the next and ``max_rows`` allows them."""
         free = self.scheduler.free_slots
-        while self.waiting and len(free) >= self.waiting[0].spec.width:
+        while self.waiting and len(free) >= self.waiting[0].spec.width and self.num_rows + self.waiting[0].spec.width <= self.max_rows:
             group = self.waiting.popleft()
+            self.num_rows += group.spec.width
             root = Request(group.request_id, group.prompt_token_ids, BEAM_ROW_PARAMS)
             root.beam = group
             root.slot = free.pop()
@@ -171,6 +176,8 @@ class BeamGroups:
         del self.groups[group.request_id]
         if group in self.waiting:
             self.waiting.remove(group)
+        else:
+            self.num_rows -= group.spec.width
         self.scheduler.free_slots += group.spare_slots
         group.spare_slots = []
         width = group.spec.width

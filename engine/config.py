@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -44,7 +45,12 @@ class EngineConfig:
     N's sampled ids reach the host (see `EngineCore.step`). ``cuda_graphs``: on CUDA, decode
     steps replay graphs captured per batch-size bucket at start (`engine.decode_graphs`).
 
-    ``grammar_cache_size`` compiled structured-output grammars are kept (least recently used dropped).
+    ``grammar_cache_size`` compiled structured-output grammars are kept (least recently used dropped);
+    ``grammar_limits`` bound each grammar's size, memory and per-token cost, ``compile_budget`` the
+    uncached compiles at once (per engine and per client) and how long one may take
+    (`engine.grammar.compiler`). At most ``max_constrained_rows`` requests with a grammar and
+    ``max_beam_rows`` beams run at once (the others wait their turn); 0 refuses them. Either kind
+    makes every step synchronous while it runs (see `EngineCore.step`), as speculation does.
 
     On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
     may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).
@@ -70,11 +76,17 @@ class EngineConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     grammar_cache_size: int = 256
+    grammar_limits: GrammarLimits = GrammarLimits()
+    compile_budget: CompileBudget = CompileBudget()
+    max_constrained_rows: int = 64
+    max_beam_rows: int = 64
     cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
+        if self.max_constrained_rows < 0 or self.max_beam_rows < 0:
+            raise ValueError(f"max_constrained_rows and max_beam_rows must be at least 0, got {self.max_constrained_rows} and {self.max_beam_rows}")
         if self.grammar_cache_size < 1:
             raise ValueError(f"grammar_cache_size must be at least 1, got {self.grammar_cache_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

@@ -13,6 +13,7 @@ from engine.block_manager import BlockManager, PrefixCacheStats
 from engine.config import EngineConfig
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
+from engine.grammar.spec import GrammarError
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
@@ -65,9 +66,11 @@ class EngineCore:
         num_blocks = self.runner.kv_cache.num_blocks
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings, num_blocks * self.config.block_size)
         blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len, blocks)
-        self.constrained = ConstrainedRequests(self.tokenizer, checkpoint.config.vocab_size, self.config.grammar_cache_size)
-        self.beams = BeamGroups(self.scheduler, self.runner, self.tokenizer.eos_token_ids, self.max_model_len)
+        config = self.config
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, blocks, config.max_constrained_rows)
+        vocab_size = checkpoint.config.vocab_size
+        self.constrained = ConstrainedRequests(self.tokenizer, vocab_size, config.grammar_cache_size, config.grammar_limits, config.compile_budget)
+        self.beams = BeamGroups(self.scheduler, self.runner, self.tokenizer.eos_token_ids, self.max_model_len, config.max_beam_rows)
         async_scheduling = self.config.async_scheduling
         self.async_scheduling = self.runner.device.type == "cuda" if async_scheduling is None else async_scheduling
         self.in_flight: InFlightStep | None = None
@@ -92,8 +95,13 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet running, those whose grammars are compiling included."""
-        return len(self.scheduler.waiting) + len(self.constrained.compiling)
+        """Requests queued to run; those waiting for their grammar to compile are not counted (the compile budget bounds them)."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_compiling(self) -> int:
+        """Requests waiting for their grammar to compile."""
+        return len(self.constrained.compiling)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self.beams.groups) or bool(self.pending_outputs) or self.in_flight is not None
@@ -104,14 +112,19 @@ class EngineCore:
             return len(self.requests[request_id].output_token_ids)
         return self.finished_generated_counts[request_id]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None) -> None:
-        """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run.
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None, client: str = ""
+    ) -> None:
+        """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run,
+        `CompilesBusyError` (nothing changed) if its grammar is not cached and ``client`` (who sent
+        it, as the caller knows them) or the engine already has as many grammars compiling as allowed.
 
         strings: the request's bad words, DRY breakers and negative prompt as ids, from
         `tokenize_strings` (the engine never tokenizes); None when it has none (`has_strings`).
-        ``params.n`` is not looked at: the ingress adds one engine request per choice. A request with
-        ``structured_outputs`` is scheduled once its grammar has compiled on the worker; a grammar
-        that does not compile finishes it with `FinishReason.ERROR`.
+        ``params.n`` is not looked at: the ingress adds one engine request per choice (choices with the
+        same constraint share its compile). A request with ``structured_outputs`` is scheduled once
+        its grammar has compiled on the worker; a grammar that does not compile, or not within the
+        compile deadline, finishes it with `FinishReason.ERROR`.
         """
         if strings is None:
             if has_strings(params):
@@ -127,10 +140,12 @@ class EngineCore:
             raise
         except Exception as error:
             raise InvalidRequestError(f"the request could not be set up: {error}") from error
+        try:
+            compiling = params.structured_outputs is not None and self.constrained.submit(request, client)
+        except GrammarError as error:  # compiled too slowly before
+            raise InvalidRequestError(str(error)) from error
         self.requests[request_id] = request
-        if params.structured_outputs is not None:
-            self.constrained.submit(request)
-        else:
+        if not compiling:
             self.scheduler.add(request)
 
     def _build(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> Request:
@@ -151,8 +166,13 @@ class EngineCore:
             check_beam_params(params)
         except ValueError as error:
             raise InvalidRequestError(str(error)) from error
-        if params.use_beam_search and params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(f"n: beam search of width {params.n} needs as many sequences; the engine runs {self.config.max_num_seqs}")
+        if params.use_beam_search and params.n > min(self.config.max_num_seqs, self.config.max_beam_rows):
+            raise InvalidRequestError(
+                f"n: beam search of width {params.n} needs as many sequences; the engine runs {self.config.max_num_seqs} "
+                f"(max_num_seqs), {self.config.max_beam_rows} of them beams (max_beam_rows)"
+            )
+        if params.structured_outputs is not None and self.config.max_constrained_rows == 0:
+            raise InvalidRequestError("structured outputs are off on this engine (max_constrained_rows is 0)")
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
 
     from engine.beam_groups import BeamGroup
     from engine.beam_search import Hypothesis
+    from engine.grammar.compiler import CompileJob
     from engine.prompt_logprobs import PromptLogprobs, PromptLogprobsState
 
 
@@ -53,7 +53,7 @@ class Request:
     guidance: Guidance | None = None
     grammar: LLMatcher | None = None
     """With ``params.structured_outputs``: the matcher, at the accepted outputs (set once compiled)."""
-    pending_grammar: Future[LLMatcher] | None = None
+    pending_grammar: CompileJob | None = None
     """The grammar compiling on the worker; the request is queued for scheduling when it is done."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

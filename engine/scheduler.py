@@ -61,8 +61,12 @@ class Scheduler:
     the whole pool holds, listed in ``too_large`` for the engine to finish.
     """
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, blocks: BlockManager) -> None:
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, blocks: BlockManager, max_constrained: int | None = None) -> None:
+        """``max_constrained``: the most requests with a grammar holding sampling rows at once (None: any number)."""
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_constrained = max_num_seqs if max_constrained is None else max_constrained
+        self.num_constrained = 0
+        """Requests with a grammar holding a sampling row (running, or preempted and queued)."""
         self.max_model_len = max_model_len
         self.blocks = blocks
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -81,6 +85,8 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
+        if request.grammar is not None and request.slot is not None:
+            self.num_constrained -= 1
         for holder in request.sequences:
             self.blocks.release(holder)
             if holder.slot is not None:
@@ -106,12 +112,23 @@ class Scheduler:
         return step
 
     def _schedule_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int) -> None:
-        """Admit queued requests in order (preempted ones first) while rows, blocks and budget last."""
+        """Admit queued requests in order (preempted ones first) while rows, blocks and budget last;
+        new requests with a grammar past ``max_constrained`` stay queued, in order, behind those admitted."""
+        passed: list[Request] = []
+        try:
+            self._admit_waiting(step, admit, budget, passed)
+        finally:
+            self.waiting.extendleft(reversed(passed))
+
+    def _admit_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int, passed: list[Request]) -> None:
         while self.waiting and budget > 0:
             request = self.waiting[0]
             if request.num_placeholders:  # preempted while its last token was in flight; it lands next step
                 return
             is_new = request.slot is None
+            if is_new and request.grammar is not None and self.num_constrained >= self.max_constrained:
+                passed.append(self.waiting.popleft())
+                continue
             if is_new and len(self.free_slots) < len(request.sequences):
                 return
             if sum(self.blocks.blocks_for(holder.num_tokens + 1) for holder in request.sequences) > self.blocks.num_blocks:
@@ -123,6 +140,7 @@ class Scheduler:
             if is_new:
                 for holder in request.sequences:
                     holder.slot = self.free_slots.pop()
+                self.num_constrained += request.grammar is not None
                 if not admit(request):
                     continue
             used = self._schedule_request(step, request, budget, may_preempt=False)

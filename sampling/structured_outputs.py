@@ -10,6 +10,7 @@ library.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +48,12 @@ class StructuredOutputs(BaseModel):
 
     def kind_value(self, name: str) -> object:
         return self.json_ if name == "json" else getattr(self, name)
+
+    @cached_property
+    def key(self) -> str:
+        """The constraint as one text (equal constraints, equal keys), made once per object: the choices
+        of a request share their parameters' constraint, so the engine makes it once per request."""
+        return json.dumps([self.json_, self.json_object, self.regex, self.choice, self.grammar], separators=(",", ":"), sort_keys=True)
 
     def text_size(self) -> int:
         """UTF-8 bytes of the constraint's text (the schema as compact JSON): what the server's limit bounds."""

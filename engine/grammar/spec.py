@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 
 import llguidance
 
+from engine.grammar.limits import GrammarLimits
 from sampling.structured_outputs import StructuredOutputs
 
 ANY_JSON_OBJECT = {"type": "object"}
@@ -25,10 +27,10 @@ class GrammarError(ValueError):
     """The constraint is not a valid schema, regex or grammar, uses a feature llguidance lacks, or passes its limits."""
 
 
-def parser_limits() -> llguidance.LLParserLimits:
-    """llguidance's bounds on a grammar's size and its compile and per-token cost (its defaults),
-    with errors that do not quote the grammar back."""
-    return llguidance.LLParserLimits(verbose_errors=False)
+def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
+    """llguidance's bounds on a grammar's size, memory and its compile and per-token cost, from
+    ``limits``, with errors that do not quote the grammar back."""
+    return llguidance.LLParserLimits(**asdict(limits), verbose_errors=False)  # its fields are llguidance's names
 
 
 def grammar_text(constraint: StructuredOutputs) -> str:
@@ -51,11 +53,11 @@ def grammar_text(constraint: StructuredOutputs) -> str:
         raise GrammarError(str(error)) from error
 
 
-def grammar_error(constraint: StructuredOutputs) -> str | None:
-    """Why ``constraint`` cannot be compiled (None: it can), checked without a tokenizer under `parser_limits`."""
+def grammar_error(constraint: StructuredOutputs, limits: GrammarLimits) -> str | None:
+    """Why ``constraint`` cannot be compiled (None: it can), checked without a tokenizer under ``limits``."""
     try:
         text = grammar_text(constraint)
     except GrammarError as error:
         return str(error)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, limits=parser_limits())
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, limits=parser_limits(limits))
     return messages[0] if is_error else None

@@ -43,7 +43,7 @@ def test_the_synthetic_engine_answers_as_the_engine_actor_does():
             requests = [NewRequest(f"r{i}", [10 + i, 20], PARAMS) for i in range(3)]
             added = await actor.add_requests("ingress", [NewRequest("empty", [], PARAMS), NewRequest("long", [1] * 64, PARAMS), *requests])
             assert added.incarnation == actor.incarnation
-            assert "0 tokens" in added.errors[0] and "64 tokens" in added.errors[1] and added.errors[2:] == [None, None, None]
+            assert "0 tokens" in added.errors[0].message and "64 tokens" in added.errors[1].message and added.errors[2:] == [None, None, None]
             tokens, reasons, most_running = await _collect(actor, "ingress", 3)
             assert {r: len(t) for r, t in tokens.items()} == {"r0": 5, "r1": 5, "r2": 5}
             assert set(reasons.values()) == {FinishReason.LENGTH}

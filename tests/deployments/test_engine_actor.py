@@ -27,7 +27,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
     async def check(actor: EngineActor) -> None:
         requests = [NewRequest(f"r{i}", [100 + i, 200], PARAMS) for i in range(3)]
         errors = (await actor.add_requests("ingress-a", [NewRequest("empty", [], PARAMS), *requests])).errors
-        assert "empty" in errors[0]
+        assert errors[0] is not None and "empty" in errors[0].message and errors[0].status == 400
         assert errors[1:] == [None, None, SERVER_FULL]
         tokens: dict[str, list[int]] = {}
         finished: set[str] = set()

@@ -57,6 +57,7 @@ def server() -> Iterator[Server]:
                 "inline_detok_threshold": 8,
                 "max_client_speculative_tokens": 16,
                 "max_allowed_token_ids": 4096,  # under the body limit, so the hostile suite can go over it
+                "max_constrained_rows": 16,  # half the rows: constrained floods leave room for the others
             }
         )
         port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)

@@ -124,16 +124,16 @@ def test_a_grammar_that_does_not_compile_fails_only_its_request(tiny_checkpoint)
 
 def test_compiled_grammars_are_cached_by_grammar_and_bounded(tiny_checkpoint):
     engine = tiny_engine(tiny_checkpoint, grammar_cache_size=2)
-    compiler = engine.constrained.compiler
-    for constraint in [{"regex": "a"}, {"regex": "a"}, {"regex": "b"}, {"regex": "c"}]:
-        compiler.compile(SamplingParams(structured_outputs=constraint).structured_outputs)
-    assert len(compiler._cache) == 2
+    for i, regex in enumerate(["a", "a", "b", "c"]):
+        engine.add_request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2, structured_outputs={"regex": regex}))
+        run_until_done(engine)
+    assert len(engine.constrained.compiler._cache) == 2
 
 
 def test_an_abort_while_compiling_leaves_nothing_behind(tiny_checkpoint):
     engine = tiny_engine(tiny_checkpoint)
     engine.add_request("r", [1, 2, 3], SamplingParams(structured_outputs={"json": SCHEMA}))
-    assert engine.num_waiting == 1  # counted against the engine's queue bound while it compiles
+    assert engine.num_compiling == 1 and engine.num_waiting == 0  # bounded by the compile budget, not the queue
     engine.abort_requests(["r"])
     outputs = run_until_done(engine)
     assert outputs["r"][-1].finish_reason == FinishReason.ABORT

@@ -11,6 +11,7 @@ from deployments.limits import RequestLimits, check_structured_outputs
 from deployments.openai.errors import APIError
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.prompt_encoder import PromptEncoder
+from engine.grammar.limits import GrammarLimits
 from engine.loader.checkpoint import load_tokenizer
 from sampling.structured_outputs import StructuredOutputs, json_schema_output
 
@@ -83,6 +84,6 @@ def test_the_constraint_size_is_bounded_by_its_limit():
 )
 def test_a_constraint_that_does_not_compile_says_why_on_the_encoder_pool(constraint, fragment):
     encoder = PromptEncoder(load_tokenizer("tiny-random"))
-    assert fragment in (asyncio.run(encoder.grammar_error(StructuredOutputs.model_validate(constraint))) or "")
+    assert fragment in (asyncio.run(encoder.grammar_error(StructuredOutputs.model_validate(constraint), GrammarLimits())) or "")
     for good in (StructuredOutputs(json=SCHEMA), StructuredOutputs(json=True), StructuredOutputs(grammar='root ::= "a" | "b"')):
-        assert asyncio.run(encoder.grammar_error(good)) is None
+        assert asyncio.run(encoder.grammar_error(good, GrammarLimits())) is None
