@@ -123,8 +123,11 @@ class ServeArgs(RequestLimits):
 
     @model_validator(mode="after")
     def _client_share_within_the_engine(self) -> ServeArgs:
-        CompileBudget(self.max_queued_grammar_compiles, self.max_client_grammar_compiles, self.grammar_compile_timeout_s)
+        self.compile_budget()  # raises when the options do not make one
         return self
+
+    def compile_budget(self) -> CompileBudget:
+        return CompileBudget(self.max_queued_grammar_compiles, self.max_client_grammar_compiles, self.grammar_compile_timeout_s)
 
     def grammar_limits(self) -> GrammarLimits:
         return GrammarLimits(
@@ -154,7 +157,7 @@ class ServeArgs(RequestLimits):
             prompt_lookup_max=self.prompt_lookup_max,
             grammar_cache_size=self.grammar_cache_size,
             grammar_limits=self.grammar_limits(),
-            compile_budget=CompileBudget(self.max_queued_grammar_compiles, self.max_client_grammar_compiles, self.grammar_compile_timeout_s),
+            compile_budget=self.compile_budget(),
             max_constrained_rows=self.max_constrained_rows,
             max_beam_rows=self.max_beam_rows,
             cpu_threads=self.engine_cpu_threads,
