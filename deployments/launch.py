@@ -31,7 +31,18 @@ from dataclasses import dataclass
 
 import psutil
 
-from deployments.processes import LAUNCH_ENV, Launch, describe, end_processes, find_launches, marked_processes, port_holders, port_is_free, process_name
+from deployments.processes import (
+    LAUNCH_ENV,
+    Launch,
+    describe,
+    end_processes,
+    ephemeral_ports,
+    find_launches,
+    marked_processes,
+    port_holders,
+    port_is_free,
+    process_name,
+)
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 """Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
@@ -148,6 +159,18 @@ def check_port(host: str, port: int) -> None:
     raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
 
 
+def ephemeral_warning(port: int, ephemeral: range) -> str | None:
+    """A warning for a port that Ray may take first: its GCS, raylet and workers listen on ports the
+    kernel picks from its ephemeral range while the cluster starts, before HAProxy binds its own."""
+    if port not in ephemeral:
+        return None
+    return (
+        f"warning: port {port} is in the range the kernel hands out as any free port ({ephemeral.start}-{ephemeral.stop - 1}, "
+        f"net.ipv4.ip_local_port_range): one of Ray's processes may take it before HAProxy binds it, and the start then fails; "
+        f"prefer a port below {ephemeral.start}"
+    )
+
+
 def _environ(process: psutil.Process) -> dict[str, str]:
     try:
         return process.environ()
@@ -187,7 +210,7 @@ def watch(driver: subprocess.Popen, stops: StopSignals) -> str:
         if len(vital) < len(VITAL_RAY_PROCESSES):  # until both have started
             vital = [p for p in marked_processes(os.getpid()) if process_name(p) in VITAL_RAY_PROCESSES and _alive(p)]
         elif not all(_alive(p) for p in vital):
-            return "Ray's GCS or raylet ended (`ray stop`, or a crash)"
+            return "Ray's GCS or raylet ended (`ray stop`, a crash, or the driver's failure above)"
         time.sleep(WATCH_INTERVAL_S)
 
 
@@ -220,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     clear_stale_launches()
     for port, host in listening_ports(args).items():
         check_port(host, port)
+        if warning := ephemeral_warning(port, ephemeral_ports()):
+            say(warning)
     stops = StopSignals()
     haproxy_dir = tempfile.mkdtemp(prefix="spout-haproxy-")  # mode 0700
     try:

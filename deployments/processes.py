@@ -15,6 +15,7 @@ import os
 import socket
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -23,6 +24,8 @@ LAUNCH_ENV = "SPOUT_LAUNCH"
 LAUNCHER_MODULE = "deployments.launch"
 TERM_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Linux's range of ports handed to programs that bind port 0 (Ray's GCS, raylet and workers do)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,15 @@ def port_is_free(host: str, port: int) -> bool:
                 return False
             raise
     return True
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS_FILE) -> range:
+    """The ports the kernel hands out for "any free port" (empty where it does not say)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return range(0)
+    return range(low, high + 1)
 
 
 def port_holders(port: int) -> list[psutil.Process]:

@@ -9,9 +9,9 @@ before, and the ports it listened on.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +22,8 @@ import httpx
 import psutil
 import pytest
 
+from deployments.processes import ephemeral_ports, port_is_free
+
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
 START_TIMEOUT_S = 300.0
@@ -30,10 +32,20 @@ SERVES_LINE = re.compile(r"Spout serves on \S+ \(HAProxy on port \d+ in front of
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
 
 
+FIXED_PORTS = range(20000, 32768)
+"""Where a test's fixed ports are drawn from: below Linux's ephemeral range, from which Ray's
+processes take theirs while a cluster starts (a stats port drawn from it was once Ray's GCS port
+when HAProxy came to bind it, and that start failed)."""
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port outside the kernel's ephemeral range, as the defaults (8000, 8404, 9101) are."""
+    ephemeral = ephemeral_ports()
+    candidates = [port for port in FIXED_PORTS if port not in ephemeral] or list(FIXED_PORTS)
+    for port in random.sample(candidates, 200):
+        if port_is_free("127.0.0.1", port):
+            return port
+    raise AssertionError("no free port found below the ephemeral range")
 
 
 def listening_ports() -> set[int]:

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, haproxy_files, parse_args, parse_options
-from deployments.processes import LAUNCH_ENV
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, ephemeral_warning, haproxy_files, parse_args, parse_options
+from deployments.processes import LAUNCH_ENV, ephemeral_ports
 from tests.deployments.launched import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,3 +122,14 @@ def test_haproxys_files_are_in_the_private_folder(tmp_path):
     files = haproxy_files(str(tmp_path))
     assert {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"} <= set(files)
     assert all(path.startswith(str(tmp_path)) for path in files.values())
+
+
+def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("32768\t60999\n")
+    ephemeral = ephemeral_ports(range_file)
+    assert (ephemeral.start, ephemeral.stop) == (32768, 61000)
+    assert ephemeral_warning(8000, ephemeral) is None
+    assert ephemeral_warning(60999, ephemeral).startswith("warning: port 60999 is in the range the kernel hands out as any free port (32768-60999")
+    assert "prefer a port below 32768" in ephemeral_warning(32768, ephemeral)
+    assert ephemeral_ports(tmp_path / "missing") == range(0)
