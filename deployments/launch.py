@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from deployments import haproxy_front
 from deployments.processes import (
     LAUNCH_ENV,
     Launch,
@@ -47,7 +48,8 @@ from deployments.processes import (
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 """Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
-"""HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind every interface."""
+"""HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind
+loopback (`haproxy_front`; Ray's template binds them on every interface)."""
 DRIVER_MODULE = "deployments.driver"
 DRIVER_GRACE_S = 15.0
 WATCH_INTERVAL_S = 0.5
@@ -108,7 +110,7 @@ def is_loopback(host: str) -> bool:
 def listening_ports(args: LaunchArgs) -> dict[int, str]:
     """The fixed ports a launch listens on (port -> the address it binds); the replicas' own
     ports and Ray's are chosen free when they start."""
-    haproxy = {int(os.environ.get(name, default)): "0.0.0.0" for name, default in HAPROXY_PORTS.items()}
+    haproxy = {int(os.environ.get(name, default)): haproxy_front.LOCAL_HOST for name, default in HAPROXY_PORTS.items()}
     return haproxy | {args.port: args.host}
 
 
@@ -180,7 +182,8 @@ def _environ(process: psutil.Process) -> dict[str, str]:
 
 def start_driver(argv: list[str], haproxy_dir: str) -> subprocess.Popen:
     """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked."""
-    env = os.environ | FAST_PATH_ENV | haproxy_files(haproxy_dir) | {LAUNCH_ENV: str(os.getpid())}
+    front = haproxy_front.install(haproxy_dir, haproxy_front.real_binary(dict(os.environ)))
+    env = os.environ | FAST_PATH_ENV | haproxy_files(haproxy_dir) | front | {LAUNCH_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
 
 

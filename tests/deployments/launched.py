@@ -53,6 +53,11 @@ def listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
 
 
+def listen_addresses(port: int) -> set[str]:
+    """The addresses something listens on at ``port`` (``0.0.0.0``/``::``: every interface)."""
+    return {c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
 def ray_and_haproxy_processes() -> set[psutil.Process]:
     """Every raylet, GCS and HAProxy of this checkout's environment (those of other checkouts are other servers)."""
     found = set()
