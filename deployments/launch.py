@@ -11,6 +11,9 @@ and stops everything that carries the mark however it is told to stop:
 - The driver exits or Ray's GCS or raylet ends (``ray stop``, a crash): the same sweep, then the
   launcher exits with status 1.
 
+The launch's files (HAProxy's config and socket, Ray's token) are in a folder of its own, mode 0700,
+removed at the end (`deployments.private_folder`); Ray runs with token authentication on.
+
 Before it starts anything it ends the processes an earlier launcher left (marked, their launcher
 gone), and checks that its ports are free: a port in use is a one-line error that names the
 process holding it and what to do.
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import psutil
 
 from deployments import haproxy_front
+from deployments.private_folder import private_environment
 from deployments.processes import (
     LAUNCH_ENV,
     Launch,
@@ -51,6 +55,7 @@ HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRIC
 """HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind
 loopback (`haproxy_front`; Ray's template binds them on every interface)."""
 DRIVER_MODULE = "deployments.driver"
+PRIVATE_FOLDER_PREFIX = "spout-run-"
 DRIVER_GRACE_S = 15.0
 WATCH_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -180,19 +185,11 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def start_driver(argv: list[str], haproxy_dir: str) -> subprocess.Popen:
-    """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked."""
-    front = haproxy_front.install(haproxy_dir, haproxy_front.real_binary(dict(os.environ)))
-    env = os.environ | FAST_PATH_ENV | haproxy_files(haproxy_dir) | front | {LAUNCH_ENV: str(os.getpid())}
+def start_driver(argv: list[str], folder: str) -> subprocess.Popen:
+    """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked,
+    with the launch's files in its private ``folder`` (`deployments.private_folder`)."""
+    env = private_environment(folder, dict(os.environ)) | FAST_PATH_ENV | {LAUNCH_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
-
-
-def haproxy_files(folder: str) -> dict[str, str]:
-    """HAProxy's config, admin socket (which Ray's template makes mode 666, level admin) and state
-    in ``folder``, private to this user (0700), instead of Ray's fixed paths under /tmp that any
-    local user could read and use to redirect traffic."""
-    names = {"CONFIG_FILE_LOC": "haproxy.cfg", "SOCKET_PATH": "admin.sock", "SERVER_STATE_FILE": "server-state", "METRICS_SOCKET_PATH": "metrics.sock"}
-    return {f"RAY_SERVE_HAPROXY_{key}": os.path.join(folder, name) for key, name in names.items()} | {"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder}
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -249,13 +246,13 @@ def main(argv: list[str] | None = None) -> None:
         if warning := ephemeral_warning(port, ephemeral_ports()):
             say(warning)
     stops = StopSignals()
-    haproxy_dir = tempfile.mkdtemp(prefix="spout-haproxy-")  # mode 0700
+    folder = tempfile.mkdtemp(prefix=PRIVATE_FOLDER_PREFIX)  # mode 0700
     try:
-        driver = start_driver(argv, haproxy_dir)
+        driver = start_driver(argv, folder)
         reason = watch(driver, stops)
         shut_down(driver, stops, reason)
     finally:
-        shutil.rmtree(haproxy_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     if not stops.count:
         sys.exit(1)
 

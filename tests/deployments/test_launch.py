@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, ephemeral_warning, haproxy_files, parse_args, parse_options
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, ephemeral_warning, parse_args, parse_options
 from deployments.processes import LAUNCH_ENV, ephemeral_ports
 from tests.deployments.launched import Ports
 
@@ -116,12 +116,6 @@ def test_other_machines_are_served_only_with_an_api_key_or_when_the_operator_say
             check_authenticated(args, environ)
     else:
         check_authenticated(args, environ)
-
-
-def test_haproxys_files_are_in_the_private_folder(tmp_path):
-    files = haproxy_files(str(tmp_path))
-    assert {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"} <= set(files)
-    assert all(path.startswith(str(tmp_path)) for path in files.values())
 
 
 def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
