@@ -23,10 +23,10 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
 from deployments.health import SharedCheck
+from deployments.in_flight import ChoiceReservations, Reservation
 from deployments.limits import (
     check_context_length,
     check_echo,
-    check_in_flight,
     check_messages,
     check_prompt_logprobs,
     check_prompts,
@@ -158,6 +158,7 @@ class Ingress:
         self.engine_client: asyncio.Task[EngineClient] | None = None
         self.max_model_len: int | None = None
         self.health_check = SharedCheck(self._check_engines, HEALTH_MAX_AGE_S)
+        self.in_flight = ChoiceReservations()
 
     def __del__(self) -> None:
         """Serve calls this when the replica stops: when the application is being deleted (or Serve
@@ -246,13 +247,13 @@ class Ingress:
         body: CompletionRequest | ChatCompletionRequest,
         params: SamplingParams,
         echo: bool,
+        reservation: Reservation,
     ) -> Response:
-        """Submit the choices, then answer with their stream or their whole response."""
+        """Submit the choices, then answer with their stream or their whole response (the router
+        counts the choices from then on, so their reservation ends)."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
-        # Checked again with no await before `submit` registers the choices, so that requests
-        # whose prompts were encoded at the same time cannot together pass the limit.
-        check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
         submission = await client.submit(fmt, prompts, params, echo, client_address(request))
+        reservation.release()
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
         return JSONResponse(await client.collect(submission))
@@ -268,17 +269,17 @@ class Ingress:
         client = await self._ready()
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
-        check_in_flight(self.args, len(client.router.streams), choices)
-        try:
-            prompts = await self.encoder.prompts(texts_or_ids, max_tokens=self.max_model_len - 1)
-        except PromptTooLong as error:
-            raise self._too_long(error, "prompt") from error
-        for prompt in prompts:
-            self._check_prompt(prompt, "prompt")
-        fmt = ResponseFormat.new(
-            f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
-        )
-        return await self._submit(request, client, fmt, prompts, body, params, echo=body.echo)
+        with self.in_flight.reserve(self.args, len(client.router.streams), choices) as reservation:
+            try:
+                prompts = await self.encoder.prompts(texts_or_ids, max_tokens=self.max_model_len - 1)
+            except PromptTooLong as error:
+                raise self._too_long(error, "prompt") from error
+            for prompt in prompts:
+                self._check_prompt(prompt, "prompt")
+            fmt = ResponseFormat.new(
+                f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
+            )
+            return await self._submit(request, client, fmt, prompts, body, params, body.echo, reservation)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
@@ -292,18 +293,20 @@ class Ingress:
         await self._check_constraint(params, structured_param)
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
-        check_in_flight(self.args, len(client.router.streams), params.n)
         assert self.max_model_len is not None
-        try:
-            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
-        except ChatTemplateError as error:
-            raise APIError(400, str(error), param="messages") from error
-        except PromptTooLong as error:
-            raise self._too_long(error, "messages") from error
-        self._check_prompt(prompt, "messages")
-        calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
-        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs)
-        return await self._submit(request, client, fmt, [prompt], body, params, echo=False)
+        with self.in_flight.reserve(self.args, len(client.router.streams), params.n) as reservation:
+            try:
+                prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
+            except ChatTemplateError as error:
+                raise APIError(400, str(error), param="messages") from error
+            except PromptTooLong as error:
+                raise self._too_long(error, "messages") from error
+            self._check_prompt(prompt, "messages")
+            calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
+            fmt = ResponseFormat.new(
+                f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs
+            )
+            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

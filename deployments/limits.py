@@ -232,11 +232,11 @@ def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:
 
 
 def check_in_flight(limits: RequestLimits, in_flight: int, choices: int) -> None:
-    """503 when this replica already streams so many choices that ``choices`` more would pass the limit."""
+    """503 when this replica already streams (or prepares) so many choices that ``choices`` more would pass the limit."""
     if in_flight + choices > limits.max_choices_in_flight:
         raise APIError(
             503,
-            f"this server replica is streaming {in_flight} choices; {choices} more would pass its limit of "
+            f"this server replica is streaming or preparing {in_flight} choices; {choices} more would pass its limit of "
             f"{limits.max_choices_in_flight} (max_choices_in_flight): retry later",
             code="too_many_choices_in_flight",
         )
