@@ -86,6 +86,12 @@ class ServeArgs(RequestLimits):
         description="A request that receives no output for this long (queued, or its engine's messages lost) fails with 504 "
         "stream_timeout (an error frame when streamed) and its engine requests are aborted. Keep it above the longest queue wait you accept.",
     )
+    default_max_tokens: int | None = Field(
+        4096,
+        ge=1,
+        description="Tokens a chat completion generates at most when the request sets neither max_tokens nor max_completion_tokens "
+        "(never fewer than its min_tokens); null: until the context is full, as vLLM does. Completions keep OpenAI's default of 16.",
+    )
     api_key: SecretStr | None = Field(None, description=f"When set, every route but /health requires it; {API_KEY_ENV} sets it from the environment.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")

@@ -283,7 +283,7 @@ class Ingress:
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
-        params = body.sampling_params()
+        params = body.sampling_params(self.args.default_max_tokens)
         text_bytes = check_messages(self.args, body.client_texts(), len(body.messages), len(body.tools or []))
         schema = tool_call_schema(body)
         if schema is not None:  # the tool call is then the output's only constraint

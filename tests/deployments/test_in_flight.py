@@ -9,122 +9,20 @@ import asyncio
 import json
 
 import pytest
-from starlette.requests import Request
 
-from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.in_flight import ChoiceReservations
-from deployments.ingress import Ingress
-from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
-from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import load_tokenizer
+from tests.deployments.in_process import WAIT_S, FakeEngineClient, chat, completion, ingress, post, until
 
 LIMIT = 8
-WAIT_S = 60.0
-
-
-class FakeRouter:
-    def __init__(self) -> None:
-        self.streams: dict[str, object] = {}
-        self.most = 0
-
-
-class FakeEngineClient:
-    """Registers a request's choices after awaits of its own (``EngineClient.submit`` tokenizes strings
-    first); a whole response holds them until `finish` is set."""
-
-    def __init__(self) -> None:
-        self.router = FakeRouter()
-        self.finish = asyncio.Event()
-        self.count = 0
-        self.collecting = 0
-        self.gate = asyncio.Event()  # submit waits here before it registers anything (open unless a test closes it)
-        self.gate.set()
-        self.at_gate = 0
-
-    async def submit(self, fmt, prompts, params, echo, client) -> list[str]:
-        for _ in range(3):
-            await asyncio.sleep(0)
-        self.at_gate += 1
-        try:
-            await self.gate.wait()
-        finally:
-            self.at_gate -= 1
-        ids = []
-        for _ in range(len(prompts) * params.n):
-            self.count += 1
-            ids.append(str(self.count))
-            self.router.streams[ids[-1]] = object()
-        self.router.most = max(self.router.most, len(self.router.streams))
-        return ids
-
-    async def collect(self, ids: list[str]) -> dict:
-        self.collecting += 1
-        try:
-            await self.finish.wait()
-        finally:
-            self.collecting -= 1
-            for stream_id in ids:
-                del self.router.streams[stream_id]
-        return {"choices": len(ids)}
-
-
-def ingress(client: FakeEngineClient) -> Ingress:
-    """An `Ingress` as a replica builds it, less Serve and the engines."""
-    made = object.__new__(Ingress)
-    made.args = ServeArgs(model="tiny-random", max_model_len=256, max_choices_in_flight=LIMIT)
-    made.auth = APIKeyCheck(None)
-    made.tokenizer = load_tokenizer("tiny-random")
-    made.encoder = PromptEncoder(made.tokenizer)
-    made.metrics = IngressMetrics()
-    made.max_model_len = 256
-    made.in_flight = ChoiceReservations()
-    made.engine_client = asyncio.get_running_loop().create_future()
-    made.engine_client.set_result(client)
-    return made
-
-
-def post(path: str, body: dict) -> Request:
-    raw = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8000),
-        "scheme": "http",
-        "root_path": "",
-    }
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    return Request(scope, receive)
-
-
-def completion(n: int, prompt: str = "hello there") -> Request:
-    return post("/v1/completions", {"model": "tiny-random", "prompt": prompt, "n": n, "max_tokens": 4})
-
-
-def chat(n: int) -> Request:
-    return post("/v1/chat/completions", {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "n": n, "max_tokens": 4})
-
-
-async def until(condition, timeout_s: float = WAIT_S) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 @pytest.mark.timeout(2 * WAIT_S)
 def test_many_requests_at_once_never_pass_the_limit():
     async def run() -> None:
         client = FakeEngineClient()
-        replica = ingress(client)
+        replica = ingress(client, max_choices_in_flight=LIMIT)
         requests = [completion(n=1 + i % 3) if i % 2 else chat(n=1 + i % 3) for i in range(60)]
         tasks = [asyncio.create_task(replica(request)) for request in requests]
         await until(lambda: sum(task.done() for task in tasks) + client.collecting == len(tasks))  # each refused or holding its choices
@@ -144,7 +42,7 @@ def test_many_requests_at_once_never_pass_the_limit():
 def test_every_way_a_request_ends_releases_its_reservation():
     async def run() -> None:
         client = FakeEngineClient()
-        replica = ingress(client)
+        replica = ingress(client, max_choices_in_flight=LIMIT)
         too_long = await replica(completion(n=2, prompt="word " * 2000))  # refused by the encoder: 400
         assert too_long.status_code == 400 and replica.in_flight.reserved == 0
         empty = await replica(post("/v1/completions", {"model": "tiny-random", "prompt": [], "max_tokens": 4}))
