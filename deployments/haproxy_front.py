@@ -1,13 +1,19 @@
 """HAProxy as ``make run`` starts it: Ray's config with HAProxy's stats page and Prometheus exporter
-on loopback, then the real HAProxy.
+on loopback and each client's address passed on, then the real HAProxy.
 
 Ray's HAProxy manager runs ``RAY_SERVE_HAPROXY_BINARY_PATH`` with HAProxy's arguments
 (``-db -f <config> [-sf <pid> -x <socket>]``). The launcher points that variable at a script in its
 private folder that runs this file, by path and without ``site`` (standard library only), with the
 real binary first. Ray 2.60's template binds ``listen stats`` on ``*`` and ``frontend prometheus``
 on every interface and has no setting for their address; this writes a copy of the config Ray
-wrote (beside it, in the same private folder) in which both bind `LOCAL_HOST`, so only this
-machine reaches them. Then it execs the real HAProxy on the copy. A config whose sections are not where this expects
+wrote (beside it, in the same private folder) in which:
+
+- both bind `LOCAL_HOST`, so only this machine reaches them;
+- the serving frontend drops any ``X-Forwarded-For`` a client sent and adds its own with the
+  client's address (``option forwardfor``), which the ingress believes from a local peer alone
+  (`deployments.peers`): the per-client grammar compile cap then tells clients apart.
+
+Then it execs the real HAProxy on the copy. A config whose sections are not where this expects
 them (another Ray's template) is refused: HAProxy does not start, and the error says why.
 """
 
@@ -20,6 +26,8 @@ import sys
 
 LOCAL_HOST = "127.0.0.1"
 LOCAL_SECTIONS = ("listen stats", "frontend prometheus")
+SERVING_SECTION = "frontend http_frontend"
+FORWARD_LINES = ("    http-request del-header x-forwarded-for", "    option forwardfor")
 BIND = re.compile(r"^(\s*bind\s+)\S*:(\d+)\b")
 COPY_SUFFIX = ".front.cfg"
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -31,10 +39,11 @@ class ConfigError(ValueError):
 
 
 def rewrite(config: str, local_host: str = LOCAL_HOST) -> str:
-    """``config`` with the stats page and exporter bound to ``local_host``."""
+    """``config`` with the stats page and exporter bound to ``local_host`` and the client's address forwarded."""
     lines: list[str] = []
     section = ""
     rebound: set[str] = set()
+    forwarded = False
     for line in config.splitlines():
         if line[:1].strip():  # a section header starts at the margin
             section = " ".join(line.split())
@@ -43,7 +52,10 @@ def rewrite(config: str, local_host: str = LOCAL_HOST) -> str:
             line = f"{bind.group(1)}{local_host}:{bind.group(2)}{line[bind.end() :]}"
             rebound.add(section)
         lines.append(line)
-    missing = [name for name in LOCAL_SECTIONS if name not in rebound]
+        if bind and section == SERVING_SECTION and not forwarded:
+            lines.extend(FORWARD_LINES)
+            forwarded = True
+    missing = [name for name in LOCAL_SECTIONS if name not in rebound] + ([] if forwarded else [SERVING_SECTION])
     if missing:
         raise ConfigError(f"HAProxy's config has no bind line in {', '.join(repr(m) for m in missing)}: Spout's launcher cannot make it private")
     return "\n".join(lines) + "\n"

@@ -43,6 +43,7 @@ from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
+from deployments.peers import behind_haproxy, client_address, local_addresses
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
 from engine.prompt_length import PromptTooLong
@@ -137,11 +138,6 @@ def application_running(app_name: str) -> bool:
     return status is not None and status.status != ApplicationStatus.DELETING
 
 
-def client_address(request: Request) -> str:
-    """Who sent ``request``, as far as the ingress can tell: the peer's address (behind HAProxy, HAProxy's, the same for every client)."""
-    return request.client.host if request.client is not None else ""
-
-
 class Ingress:
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -159,6 +155,8 @@ class Ingress:
         self.max_model_len: int | None = None
         self.health_check = SharedCheck(self._check_engines, HEALTH_MAX_AGE_S)
         self.in_flight = ChoiceReservations()
+        self.trust_local_proxy = behind_haproxy()
+        self.local_addresses = local_addresses()
 
     def __del__(self) -> None:
         """Serve calls this when the replica stops: when the application is being deleted (or Serve
@@ -252,7 +250,7 @@ class Ingress:
         """Submit the choices, then answer with their stream or their whole response (the router
         counts the choices from then on, so their reservation ends)."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
-        submission = await client.submit(fmt, prompts, params, echo, client_address(request))
+        submission = await client.submit(fmt, prompts, params, echo, client_address(request, self.trust_local_proxy, self.local_addresses))
         reservation.release()
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))

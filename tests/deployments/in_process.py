@@ -40,9 +40,11 @@ class FakeEngineClient:
         self.gate.set()
         self.at_gate = 0
         self.submitted: list[object] = []  # the sampling parameters of each request
+        self.clients: list[str] = []  # the client each request was keyed by
 
     async def submit(self, fmt, prompts, params, echo, client) -> list[str]:
         self.submitted.append(params)
+        self.clients.append(client)
         for _ in range(3):
             await asyncio.sleep(0)
         self.at_gate += 1
@@ -79,12 +81,15 @@ def ingress(client: FakeEngineClient, **options: object) -> Ingress:
     made.metrics = IngressMetrics()
     made.max_model_len = 256
     made.in_flight = ChoiceReservations()
+    made.trust_local_proxy = False
+    made.local_addresses = frozenset()
     made.engine_client = asyncio.get_running_loop().create_future()
     made.engine_client.set_result(client)
     return made
 
 
-def post(path: str, body: dict) -> Request:
+def post(path: str, body: dict, peer: str = "127.0.0.1", headers: list[tuple[bytes, bytes]] = ()) -> Request:
+    """A POST of ``body`` from ``peer`` with ``headers`` besides the JSON ones."""
     raw = json.dumps(body).encode()
     scope = {
         "type": "http",
@@ -92,8 +97,8 @@ def post(path: str, body: dict) -> Request:
         "path": path,
         "raw_path": path.encode(),
         "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
-        "client": ("127.0.0.1", 40000),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *headers],
+        "client": (peer, 40000),
         "server": ("127.0.0.1", 8000),
         "scheme": "http",
         "root_path": "",

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from deployments.haproxy_front import COPY_SUFFIX, LOCAL_HOST, ConfigError, install, rewrite
+from deployments.haproxy_front import COPY_SUFFIX, FORWARD_LINES, LOCAL_HOST, ConfigError, install, rewrite
 
 # The sections of a config Ray 2.60 renders that the rewrite touches (indents as the template has them).
 RAY_CONFIG = """global
@@ -36,15 +36,22 @@ listen stats
 
 
 def test_the_stats_page_and_exporter_bind_loopback_and_nothing_else_changes():
-    rewritten = rewrite(RAY_CONFIG)
-    assert "    bind 127.0.0.1:9101" in rewritten.splitlines()
-    assert "  bind 127.0.0.1:8404" in rewritten.splitlines()
-    assert [line for line in rewritten.splitlines() if "bind" not in line] == [line for line in RAY_CONFIG.splitlines() if "bind" not in line]
-    assert "    bind 127.0.0.1:8000" in rewritten.splitlines()
-    assert rewrite(rewritten) == rewritten
+    rewritten = rewrite(RAY_CONFIG).splitlines()
+    assert "    bind 127.0.0.1:9101" in rewritten
+    assert "  bind 127.0.0.1:8404" in rewritten
+    assert "    bind 127.0.0.1:8000" in rewritten
+    added = [line for line in rewritten if line not in RAY_CONFIG.splitlines() and "bind" not in line]
+    assert added == list(FORWARD_LINES)
+    assert [line for line in rewritten if "bind" not in line and line not in FORWARD_LINES] == [line for line in RAY_CONFIG.splitlines() if "bind" not in line]
 
 
-@pytest.mark.parametrize("section", ["listen stats", "frontend prometheus"])
+def test_the_serving_frontend_replaces_the_clients_forwarded_for_with_its_own():
+    rewritten = rewrite(RAY_CONFIG).splitlines()
+    at = rewritten.index("frontend http_frontend")
+    assert rewritten[at + 1 : at + 4] == ["    bind 127.0.0.1:8000", "    http-request del-header x-forwarded-for", "    option forwardfor"]
+
+
+@pytest.mark.parametrize("section", ["listen stats", "frontend prometheus", "frontend http_frontend"])
 def test_a_config_without_a_section_the_rewrite_expects_is_refused(section):
     config = RAY_CONFIG.replace(section, "listen other")
     with pytest.raises(ConfigError, match=section):
