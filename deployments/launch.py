@@ -47,6 +47,7 @@ from deployments.processes import (
     port_holders,
     port_is_free,
     process_name,
+    taken_port_ranges,
 )
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
@@ -166,16 +167,16 @@ def check_port(host: str, port: int) -> None:
     raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
 
 
-def ephemeral_warning(port: int, ephemeral: range) -> str | None:
-    """A warning for a port that Ray may take first: its GCS, raylet and workers listen on ports the
-    kernel picks from its ephemeral range while the cluster starts, before HAProxy binds its own."""
-    if port not in ephemeral:
-        return None
-    return (
-        f"warning: port {port} is in the range the kernel hands out as any free port ({ephemeral.start}-{ephemeral.stop - 1}, "
-        f"net.ipv4.ip_local_port_range): one of Ray's processes may take it before HAProxy binds it, and the start then fails; "
-        f"prefer a port below {ephemeral.start}"
-    )
+def taken_port_warning(port: int, ranges: dict[str, range]) -> str | None:
+    """A warning for a port that Ray may take first (`processes.taken_port_ranges`): while the cluster
+    starts, before HAProxy binds its own ports."""
+    for what, taken in ranges.items():
+        if port in taken:
+            return (
+                f"warning: port {port} is in {what} ({taken.start}-{taken.stop - 1}): one of them may take it before HAProxy binds it, "
+                "and the start then fails; choose a port outside it (the defaults 8000, 8404 and 9101 are)"
+            )
+    return None
 
 
 def _environ(process: psutil.Process) -> dict[str, str]:
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     clear_stale_launches()
     for port, host in listening_ports(args).items():
         check_port(host, port)
-        if warning := ephemeral_warning(port, ephemeral_ports()):
+        if warning := taken_port_warning(port, taken_port_ranges(dict(os.environ), ephemeral_ports())):
             say(warning)
     stops = StopSignals()
     folder = tempfile.mkdtemp(prefix=PRIVATE_FOLDER_PREFIX)  # mode 0700

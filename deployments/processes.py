@@ -113,6 +113,20 @@ def ephemeral_ports(path: Path = EPHEMERAL_PORTS_FILE) -> range:
     return range(low, high + 1)
 
 
+DIRECT_INGRESS_PORTS = {"HTTP": (30000, 31000), "GRPC": (40000, 41000)}
+"""Serve's defaults for the ports its replicas take for direct ingress (RAY_SERVE_DIRECT_INGRESS_MIN/MAX_<protocol>_PORT)."""
+
+
+def taken_port_ranges(environ: dict[str, str], ephemeral: range) -> dict[str, range]:
+    """Where Ray's processes take ports of their own while a launch starts (what each range is -> the range)."""
+    ranges = {"the kernel's ephemeral range (net.ipv4.ip_local_port_range), from which Ray's GCS, raylet and workers take ports": ephemeral}
+    for protocol, (low, high) in DIRECT_INGRESS_PORTS.items():
+        low = int(environ.get(f"RAY_SERVE_DIRECT_INGRESS_MIN_{protocol}_PORT", low))
+        high = int(environ.get(f"RAY_SERVE_DIRECT_INGRESS_MAX_{protocol}_PORT", high))
+        ranges[f"Serve's direct-ingress {protocol} range, from which its replicas take ports"] = range(low, high + 1)
+    return ranges
+
+
 def port_holders(port: int) -> list[psutil.Process]:
     """The processes listening on ``port`` (on any address), where this user may see them."""
     try:

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from deployments.processes import ephemeral_ports, port_is_free
+from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
@@ -32,20 +32,20 @@ SERVES_LINE = re.compile(r"Spout serves on \S+ \(HAProxy on port \d+ in front of
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
 
 
-FIXED_PORTS = range(20000, 32768)
-"""Where a test's fixed ports are drawn from: below Linux's ephemeral range, from which Ray's
-processes take theirs while a cluster starts (a stats port drawn from it was once Ray's GCS port
-when HAProxy came to bind it, and that start failed)."""
+FIXED_PORTS = range(20000, 30000)
+"""Where a test's fixed ports are drawn from: outside the ranges Ray's processes take ports from
+while a cluster starts (a stats port drawn from the kernel's ephemeral range was once Ray's GCS
+port when HAProxy came to bind it, and that start failed)."""
 
 
 def free_port() -> int:
-    """A free loopback port outside the kernel's ephemeral range, as the defaults (8000, 8404, 9101) are."""
-    ephemeral = ephemeral_ports()
-    candidates = [port for port in FIXED_PORTS if port not in ephemeral] or list(FIXED_PORTS)
+    """A free loopback port outside the ranges Ray takes from (`processes.taken_port_ranges`), as the defaults (8000, 8404, 9101) are."""
+    taken = taken_port_ranges(dict(os.environ), ephemeral_ports()).values()
+    candidates = [port for port in FIXED_PORTS if not any(port in r for r in taken)]
     for port in random.sample(candidates, 200):
         if port_is_free("127.0.0.1", port):
             return port
-    raise AssertionError("no free port found below the ephemeral range")
+    raise AssertionError("no free port found outside the ranges Ray takes from")
 
 
 def listening_ports() -> set[int]:

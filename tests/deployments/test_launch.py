@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, ephemeral_warning, parse_args, parse_options
-from deployments.processes import LAUNCH_ENV, ephemeral_ports
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options, taken_port_warning
+from deployments.processes import LAUNCH_ENV, ephemeral_ports, taken_port_ranges
 from tests.deployments.launched import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,9 @@ def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
     range_file.write_text("32768\t60999\n")
     ephemeral = ephemeral_ports(range_file)
     assert (ephemeral.start, ephemeral.stop) == (32768, 61000)
-    assert ephemeral_warning(8000, ephemeral) is None
-    assert ephemeral_warning(60999, ephemeral).startswith("warning: port 60999 is in the range the kernel hands out as any free port (32768-60999")
-    assert "prefer a port below 32768" in ephemeral_warning(32768, ephemeral)
     assert ephemeral_ports(tmp_path / "missing") == range(0)
+    ranges = taken_port_ranges({"RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "30500"}, ephemeral)
+    assert [taken_port_warning(port, ranges) for port in (8000, 8404, 9101, 29999, 30501)] == [None] * 5
+    assert taken_port_warning(60999, ranges).startswith("warning: port 60999 is in the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
+    assert "(32768-60999)" in taken_port_warning(32768, ranges)
+    assert "Serve's direct-ingress HTTP range, from which its replicas take ports (30000-30500)" in taken_port_warning(30000, ranges)
