@@ -11,7 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from annotated_types import Ge, Gt, Le
 from pydantic.fields import FieldInfo
 
 from deployments.config import ServeArgs
@@ -23,7 +22,7 @@ TABLES = (
     ("serving", [name for name in ServeArgs.model_fields if name not in RequestLimits.model_fields]),
     ("limits", list(RequestLimits.model_fields)),
 )
-BOUNDS = ((Ge, "ge", "≥"), (Gt, "gt", ">"), (Le, "le", "≤"))
+BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"))  # the attributes of pydantic's bound metadata
 
 
 def _value(value: object) -> str:
@@ -36,7 +35,7 @@ def _kind(field: FieldInfo) -> str:
     """The field's type as the page writes it, with its bounds (``int, ≥ 1``)."""
     kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("pydantic.types.", "")
     kind = kind.replace(" | None", "")
-    bounds = [f"{sign} {getattr(bound, attr)}" for bound in field.metadata for cls, attr, sign in BOUNDS if isinstance(bound, cls)]
+    bounds = [f"{sign} {getattr(bound, attr)}" for bound in field.metadata for attr, sign in BOUNDS if getattr(bound, attr, None) is not None]
     return ", ".join([kind, *bounds])
 
 
