@@ -21,6 +21,10 @@ host from `SamplingBatch.uses`):
    (a Triton kernel on CUDA, the torch path otherwise)
 6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
 
+On CUDA, a step that needs no truncation but min-p / top-k / top-p, no drafts and no processed
+logprobs runs 4-6 as one launch (`sampling.triton.top_set_launch`): greedy rows take their argmax
+there in one pass, the others are drawn in a few passes, and no separate argmax runs.
+
 Verify replaces the draw by accept-or-recover (`sampling.ops.rejection`; greedy rows
 accept a draft equal to the argmax), then keeps each request's rows up to its first
 rejection.

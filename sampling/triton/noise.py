@@ -1,4 +1,5 @@
-"""The race noise of `sampling.ops.seeded_noise` in Triton, on native uint32 (bit-identical to the torch path).
+"""The race noise of `sampling.ops.seeded_noise` in Triton, on native uint32 (bit-identical to the torch path),
+and the race's running winner over vocabulary chunks.
 
 A token's race key is ``x - log(q)`` with ``x`` its temperature-scaled logit and ``q = -log(u)``
 its Exp(1) noise: the largest key is the largest ``p / q`` (the exponential race), taken in log
@@ -33,3 +34,13 @@ def race_key(x, key, cols):
     """x - log(q): x [R, C] scaled logits, key [R] uint32 row keys, cols [C] int32 token ids."""
     u = uniform32(key[:, None], cols.to(tl.uint32)[None, :])
     return x - tl.log(-tl.log(u))
+
+
+@triton.jit
+def merge_winner(score, start, best, best_idx):
+    """The running winner (best [R], best_idx [R] int64) after the chunk at ``start`` with scores [R, C]:
+    a chunk's first maximum replaces it only when strictly larger, so ties go to the lowest token id."""
+    block_best = tl.max(score, axis=1)
+    block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
+    better = block_best > best
+    return tl.where(better, block_best, best), tl.where(better, block_idx, best_idx)

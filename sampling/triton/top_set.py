@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sampling.triton.noise import race_key
+from sampling.triton.noise import merge_winner, race_key
 
 ONE_BITS_PLUS_ONE = tl.constexpr(0x3F800001)  # bits(1.0) + 1: above every weight
 MAX_PASSES = tl.constexpr(4096)  # a bound that only malformed rows (NaN logits) reach
@@ -67,11 +67,7 @@ def _first_pass(logits_ptr, row_off, live, greedy, key, V, temperature,
         x = _scaled(logits_ptr, row_off, live, cols, V, temperature)
         row_max = tl.maximum(row_max, tl.max(x, axis=1))
         score = tl.where(greedy[:, None], x, race_key(x, key, cols))
-        block_best = tl.max(score, axis=1)
-        block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
-        better = block_best > best
-        best = tl.where(better, block_best, best)
-        best_idx = tl.where(better, block_idx, best_idx)
+        best, best_idx = merge_winner(score, start, best, best_idx)
     return row_max, best_idx
 
 
@@ -82,7 +78,8 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
     and, for ``searching`` rows, the count histogram of the weights >= ``t_min`` in the bracket [k_lo, k_hi).
 
     Returns (winner [R] int64, found [R], count(w > cw), count(w >= cw), mass(w > cw), mass(w >= cw),
-    mass(w >= t_lo), histogram [R, 2 * NUM_BINS] int32 (bin NUM_BINS and up: outside), count(w >= k_hi)).
+    mass(w >= t_lo), histogram [R, 2 * NUM_BINS] int32 (bin NUM_BINS and up: outside), count(w >= k_hi),
+    mass(w >= k_hi), mass(w >= k_lo)); the last three over the weights >= ``t_min`` (brackets as float32 bits).
     """
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_R], tl.int64)
@@ -93,6 +90,8 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
     mass_lo = tl.zeros([BLOCK_R], tl.float32)
     hist = tl.zeros([BLOCK_R, 2 * NUM_BINS], tl.int32)
     above = tl.zeros([BLOCK_R], tl.int32)
+    mass_khi = tl.zeros([BLOCK_R], tl.float32)
+    mass_klo = tl.zeros([BLOCK_R], tl.float32)
     any_search = tl.max(searching.to(tl.int32), axis=0) > 0
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
@@ -107,23 +106,22 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
         mass_gt += tl.sum(tl.where(gt, w, 0.0), axis=1)
         mass_ge += tl.sum(tl.where(ge, w, 0.0), axis=1)
         mass_lo += tl.sum(tl.where(low, w, 0.0), axis=1)
+        bits = w.to(tl.int32, bitcast=True)
+        counted = finite & (w >= t_min[:, None]) & (bits >= k_lo[:, None])
+        mass_klo += tl.sum(tl.where(counted, w, 0.0), axis=1)
+        mass_khi += tl.sum(tl.where(counted & (bits >= k_hi[:, None]), w, 0.0), axis=1)
         racing = gt & low & (w > excl[:, None])
         score = tl.where(racing, race_key(x, key, cols), float("-inf"))
-        block_best = tl.max(score, axis=1)
-        block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
-        better = block_best > best
-        best = tl.where(better, block_best, best)
-        best_idx = tl.where(better, block_idx, best_idx)
+        best, best_idx = merge_winner(score, start, best, best_idx)
         if any_search:
-            bits = w.to(tl.int32, bitcast=True)
-            counted = searching[:, None] & finite & (w >= t_min[:, None]) & (bits >= k_lo[:, None])
+            counted &= searching[:, None]
             above += tl.sum((counted & (bits >= k_hi[:, None])).to(tl.int32), axis=1)
             inside = counted & (bits < k_hi[:, None])
             bins = tl.where(inside, (bits - k_lo[:, None]) >> shift[:, None], NUM_BINS)
             bins += (tl.arange(0, BLOCK_R) * (2 * NUM_BINS))[:, None]
             flat = tl.histogram(tl.reshape(bins, [BLOCK_R * BLOCK_V]), BLOCK_R * 2 * NUM_BINS)
             hist += tl.reshape(flat, [BLOCK_R, 2 * NUM_BINS])
-    return best_idx, best > float("-inf"), cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above
+    return best_idx, best > float("-inf"), cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo
 
 
 @triton.jit
@@ -186,24 +184,27 @@ def top_set_sample_kernel(
     t_lo = t_min
     excl = tl.full([BLOCK_R], -1.0, tl.float32)
     k_known = ~has_k
-    searching = tl.zeros([BLOCK_R], tl.int1)
-    k_lo = tl.zeros([BLOCK_R], tl.int32)
+    # With top-k and top-p, top-p's mass needs top-k's threshold: its search starts with the first check.
+    searching = pending & has_k & has_p
+    k_lo = t_min.to(tl.int32, bitcast=True)
     k_hi = tl.full([BLOCK_R], ONE_BITS_PLUS_ONE, tl.int32)
     while tl.max(pending.to(tl.int32), axis=0) > 0:
         passes += pending.to(tl.int32)
         cw_now = tl.where(cand_ok, cw, -1.0)
         shift = _bin_shift(k_lo, k_hi, NUM_BINS)
-        nxt, found, cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above = _check_pass(
+        nxt, found, cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo = _check_pass(
             logits_ptr, row_off, pending, key, V, temperature, row_max, t_lo, excl, cw_now, t_min, searching & pending,
             k_lo, shift, k_hi, BLOCK_R, BLOCK_V, NUM_BINS)  # fmt: skip
-        # Is the candidate kept? (top-p's mass M is known unless top-k's threshold lies below the candidate, unknown)
+        # Is the candidate kept? Top-p's mass M is known unless top-k's threshold is (then it lies in the
+        # bracket [k_lo, k_hi), and below the candidate when fewer than k weights reach it: bounds on M).
         ok_k = k_known | (cnt_gt < k)
         at_k = ~k_known & (cnt_gt < k) & (cnt_ge >= k)
         p_known = ~has_p | k_known | at_k
         mass = tl.where(at_k, mass_ge, mass_lo)
         ok_p = ~has_p | (mass_gt < top_p * mass)
-        sure_in = has_p & (mass_gt < top_p * mass_ge)
-        sure_out = has_p & (mass_gt >= top_p * mass_lo)
+        least = tl.maximum(mass_khi, tl.where(cnt_ge < k, mass_ge, 0.0))
+        sure_in = has_p & (mass_gt < top_p * least)
+        sure_out = has_p & (mass_gt >= top_p * tl.minimum(mass_klo, mass_lo))
         accept = pending & cand_ok & ok_k & tl.where(p_known, ok_p, sure_in)
         reject = pending & cand_ok & (~ok_k | tl.where(p_known, ~ok_p, sure_out))
         undecided = pending & cand_ok & ~accept & ~reject

@@ -10,6 +10,7 @@ from top_set_helpers import run_top_set
 
 from sampling.params import SamplingParams
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DRAWS = 6000
 VOCAB = 400
 CONFIGS = {
@@ -27,5 +28,5 @@ def test_flat_rows_match_the_target(name: str) -> None:
     config = CONFIGS[name]
     logits = fixed_logits(VOCAB, seed=12, scale=0.4)
     params = [SamplingParams(**config, seed=i if i % 2 else None) for i in range(DRAWS)]
-    drawn = run_top_set(params, logits.expand(DRAWS, -1).contiguous())
-    assert_matches(drawn.token_ids.numpy(), reference_probs(logits.numpy(), **config))
+    drawn = run_top_set(params, logits.expand(DRAWS, -1).contiguous().to(DEVICE))
+    assert_matches(drawn.token_ids.cpu().numpy(), reference_probs(logits.numpy(), **config))
