@@ -62,11 +62,14 @@ def _first_pass(logits_ptr, row_off, live, greedy, key, V, temperature,
     row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_R], tl.int64)
+    drawing = tl.max((live & ~greedy).to(tl.int32), axis=0) > 0  # greedy programs hash nothing
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         x = _scaled(logits_ptr, row_off, live, cols, V, temperature)
         row_max = tl.maximum(row_max, tl.max(x, axis=1))
-        score = tl.where(greedy[:, None], x, race_key(x, key, cols))
+        score = x
+        if drawing:
+            score = tl.where(greedy[:, None], x, race_key(x, key, cols))
         best, best_idx = merge_winner(score, start, best, best_idx)
     return row_max, best_idx
 

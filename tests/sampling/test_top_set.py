@@ -111,3 +111,19 @@ def test_seeded_rows_draw_the_torch_paths_tokens() -> None:
         batch.add_request(row, p, [0])
     reference = Sampler(use_triton=False)(logits, torch.arange(48, device=DEVICE), batch).sampled_token_ids.cpu().numpy()
     assert np.mean(ours == reference) >= 47 / 48
+
+
+def test_masked_logits_match_the_torch_path() -> None:
+    """Rows with -inf logits (masks, bans): only finite tokens count, kept or drawn, even when top_k exceeds them."""
+    logits = flat_logits(40, 600, seed=9, scale=2.0)
+    keep = torch.rand(40, 600, generator=torch.Generator().manual_seed(10)).to(DEVICE) < torch.linspace(0.002, 0.5, 40, device=DEVICE)[:, None]
+    keep[:, 0] = True
+    logits = logits.masked_fill(~keep, float("-inf"))
+    params = [SamplingParams(top_k=[1, 5, 50, 1000][i % 4], top_p=[1.0, 0.7, 0.95][i % 3], min_p=[0.0, 0.05][i % 2], seed=i) for i in range(40)]
+    ours = run_top_set(params, logits).token_ids
+    assert bool(keep.gather(1, ours[:, None]).all())
+    batch = SamplingBatch(40, 600, 8, DEVICE)
+    for row, p in enumerate(params):
+        batch.add_request(row, p, [0])
+    reference = Sampler(use_triton=False)(logits, torch.arange(40, device=DEVICE), batch).sampled_token_ids
+    assert int((ours == reference).sum()) >= 39
