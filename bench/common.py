@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -30,11 +30,10 @@ def machine_info() -> dict[str, object]:
 
 
 def _version(package: str) -> str | None:
-    """An installed package's version without importing it (importing triton fixes whether its kernels are
-    interpreted, which `bench.sampler_passes` decides later)."""
+    """An installed package's version; None where it is not installed (Triton: the ``cuda`` extra)."""
     try:
-        return version(package)
-    except PackageNotFoundError:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 

@@ -10,6 +10,7 @@ argmax is one torch reduction).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -22,8 +23,10 @@ from sampling.sampler import Sampler
 
 
 def interpreter_ready() -> bool:
-    """Set ``TRITON_INTERPRET=1`` when no GPU is there; True if the Triton kernels can then run here
-    (the variable is read when triton decorates its functions, so triton must not be imported yet)."""
+    """Set ``TRITON_INTERPRET=1`` when no GPU is there; True if the Triton kernels can then run here (Triton is
+    installed, and not imported yet: the variable is read when triton decorates its functions)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
     if torch.cuda.is_available():
         return True
     if os.environ.get("TRITON_INTERPRET") == "1":

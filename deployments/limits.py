@@ -42,16 +42,16 @@ class RequestLimits(BaseModel):
         description="UTF-8 bytes of client text an ingress replica's encode workers hold, queued or being encoded (each job counts 1 KiB more); "
         "a request that would pass it gets 503.",
     )
-    max_stop_strings: int = Field(16, ge=0)
+    max_stop_strings: int = Field(16, ge=0, description="Entries of stop.")
     max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")
-    max_bad_words: int = Field(64, ge=0)
+    max_bad_words: int = Field(64, ge=0, description="Entries of bad_words.")
     max_bad_words_bytes: int = Field(2048, ge=0, description="UTF-8 bytes of all bad words together.")
     max_logit_bias: int = Field(1024, ge=0, description="Entries of logit_bias.")
-    max_allowed_token_ids: int = Field(16_384, ge=0)
-    max_stop_token_ids: int = Field(64, ge=0)
+    max_allowed_token_ids: int = Field(16_384, ge=0, description="Entries of allowed_token_ids.")
+    max_stop_token_ids: int = Field(64, ge=0, description="Entries of stop_token_ids.")
     max_dry_breakers: int = Field(16, ge=0, description="Entries of dry_sequence_breakers.")
     max_dry_breakers_bytes: int = Field(64, ge=0, description="UTF-8 bytes of all DRY sequence breakers together.")
-    max_negative_prompt_bytes: int = Field(32_768, ge=0)
+    max_negative_prompt_bytes: int = Field(32_768, ge=0, description="UTF-8 bytes of negative_prompt.")
     max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
     max_prompt_logprob_entries: int = Field(
         131_072,
