@@ -20,12 +20,14 @@ Per row (one program per row on a GPU):
    token has ``w > c``, so the speculative winner is the next candidate (when it is inside what is
    now known to hold the kept set).
 
-``M`` is known without ``T`` except with top-k and top-p together when fewer than ``k`` tokens have
-``w >= c``; then (and when a candidate fails top-k) the k-th largest weight is found exactly by a
-radix select on the float32 bits of ``w``: a ``NUM_BINS``-bin count histogram per pass narrows
-its bracket by ``log2(NUM_BINS)`` bits (3 passes for 1024 bins), beside the candidate checks.
+``M`` is known without ``T`` except with top-k and top-p together, where it needs top-k's threshold
+unless the candidate's counts fix it. The k-th largest weight comes from a radix select on the float32
+bits of ``w`` that runs beside the checks from the first one (and starts when a candidate fails top-k
+alone): a ``NUM_BINS``-bin count histogram per pass narrows its bracket by ``log2(NUM_BINS)`` bits (3
+passes for 1024 bins), and the masses above and below the bracket bound ``M``, so that most candidates
+are decided before the select ends.
 
-Typical LM rows need 2 passes (1 with no truncation, or when min-p alone keeps the first winner); each
+LM-shaped rows need 2-3 passes (1 with no truncation, or when min-p alone keeps the first winner); each
 row counts its passes into ``passes`` [B]. The kept set equals the sort-based definition (ties at a
 boundary all kept), with the same weights as `sampling.triton.kernels`.
 """
