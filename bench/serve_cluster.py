@@ -24,7 +24,7 @@ machine do not collide.
 from __future__ import annotations
 
 import os
-import socket
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from ray.serve import Application
 from deployments.driver import direct_ingress_ports
 from deployments.ingress import kill_engines
 from deployments.launch import FAST_PATH_ENV
+from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
 
 PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "default": {},
@@ -54,10 +55,20 @@ DIRECT_INGRESS = ("direct", "throughput_optimized")
 """The options where the ingress replica listens itself, on a port Serve allocates, and nothing is in front of it."""
 
 
+FIXED_PORTS = range(20000, 30000)
+"""Where a chosen port is drawn from: outside the ranges Ray's processes take ports from while a
+cluster starts (a HAProxy stats port drawn from the kernel's ephemeral range was once Ray's GCS
+port when HAProxy came to bind it, and that start failed)."""
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port outside the ranges Ray takes from (`processes.taken_port_ranges`), as the defaults (8000, 8404, 9101) are."""
+    taken = taken_port_ranges(dict(os.environ), ephemeral_ports()).values()
+    candidates = [port for port in FIXED_PORTS if not any(port in r for r in taken)]
+    for port in random.sample(candidates, 200):
+        if port_is_free("127.0.0.1", port):
+            return port
+    raise RuntimeError("no free port found outside the ranges Ray takes from")
 
 
 class ServeCluster:

@@ -9,7 +9,6 @@ before, and the ports it listened on.
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
+from bench.serve_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
@@ -30,22 +29,6 @@ START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 90.0
 SERVES_LINE = re.compile(r"Spout serves on \S+ \(HAProxy on port \d+ in front of the ingress replicas' own ports \[([\d, ]*)\]\)")
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
-
-
-FIXED_PORTS = range(20000, 30000)
-"""Where a test's fixed ports are drawn from: outside the ranges Ray's processes take ports from
-while a cluster starts (a stats port drawn from the kernel's ephemeral range was once Ray's GCS
-port when HAProxy came to bind it, and that start failed)."""
-
-
-def free_port() -> int:
-    """A free loopback port outside the ranges Ray takes from (`processes.taken_port_ranges`), as the defaults (8000, 8404, 9101) are."""
-    taken = taken_port_ranges(dict(os.environ), ephemeral_ports()).values()
-    candidates = [port for port in FIXED_PORTS if not any(port in r for r in taken)]
-    for port in random.sample(candidates, 200):
-        if port_is_free("127.0.0.1", port):
-            return port
-    raise AssertionError("no free port found outside the ranges Ray takes from")
 
 
 def listening_ports() -> set[int]:
@@ -184,6 +167,7 @@ STOP_WAYS = {
     "ray-stop": ray_stop,
     "make-stop": make_stop,
 }
-CI_WAYS = ("ctrl-c", "ctrl-c-twice", "ray-stop")
+CI_WAYS = ("ctrl-c-twice", "ray-stop")
 """What CI runs, a cycle each: SIGTERM and SIGHUP take Ctrl-C's path in the launcher (`test_launch.py`
-checks that they reach it), and ``make stop`` sends SIGTERM."""
+checks that they reach it), ``make stop`` sends SIGTERM, and Ctrl-C itself ends the launch of
+`test_launched_front.py`, which checks it the same way."""

@@ -1,6 +1,8 @@
 """The front door of a running ``make run`` (one launch for the module, `tiny-random` on loopback):
 HAProxy's stats page and exporter answer on loopback alone, and Ray's GCS and dashboard refuse a
-client without the launch's token while they take one with it (issue 23, "a locked front door")."""
+client without the launch's token while they take one with it (issue 23, "a locked front door").
+The module ends the launch with Ctrl-C and checks that it leaves nothing behind: CI's Ctrl-C cycle
+of the life-cycle test (`test_life_cycle.py` runs the other ways)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, LaunchedServer, Ports, listen_addresses
+from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, Ports, listen_addresses, ray_and_haproxy_processes
 
 DASHBOARD = re.compile(r"View the dashboard at \S*?http://([\d.]+):(\d+)")
 CONNECT_TIMEOUT_S = 120.0
@@ -21,7 +23,13 @@ RAY_CLIENT = "import ray; ray.init(address={address!r}, log_to_driver=False); pr
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def processes_before() -> set[psutil.Process]:
+    """Ray's and HAProxy's processes of others, running before the launch."""
+    return ray_and_haproxy_processes()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, processes_before):
     launched = LaunchedServer(tmp_path_factory.mktemp("front") / "launch.log", Ports())
     try:
         launched.start()
@@ -83,3 +91,12 @@ def test_ray_refuses_a_client_without_the_launchs_token(server, tmp_path):
     for refused in (without, wrong):  # refused: an error (Ray's says the token is missing or invalid), or no connection at all
         assert refused.returncode != 0 and "connected" not in refused.stdout, refused.stderr[-2000:]
     assert psutil.Process(server.process.pid).is_running()
+
+
+@pytest.mark.timeout(STOP_TIMEOUT_S + 60)
+def test_ctrl_c_leaves_nothing_behind(server, processes_before):
+    """Last in the module: the launch's own end, by Ctrl-C."""
+    STOP_WAYS["ctrl-c"](server)
+    status = server.wait_exit()
+    assert server.left_behind(processes_before) == [], server.log_tail()
+    assert status == 0, server.log_tail()
