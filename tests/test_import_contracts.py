@@ -3,11 +3,14 @@ included), read from its AST, against contracts on which packages may import whi
 
 - `engine`, `sampling` and `detok` import neither Ray nor `deployments`: they run in a bare process.
 - `engine` forms no import cycle.
+- `engine/README.md`'s module map lists every module of the engine (``models/`` and ``loader/`` as one
+  entry each) with a layer, and every import goes to a lower layer.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +18,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+ENGINE_MAP = ROOT / "engine" / "README.md"
+MAP_ROW = re.compile(r"^\| (\d+) \| `([\w/.]+)` \|", re.M)
+"""A row of the module map: its layer, then the module as a path under engine/ (a package: ``models/``)."""
+MAPPED_PACKAGES = ("engine.models", "engine.loader")
+"""Packages the map lists as one entry: imports between their own modules are not layered."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def map_entry(name: str) -> str:
+    """A module's entry in the module map: engine.kv.block_manager -> kv/block_manager.py; engine.models.llama -> models/."""
+    package = next((package for package in MAPPED_PACKAGES if name == package or name.startswith(f"{package}.")), None)
+    if package is not None:
+        return package.removeprefix("engine.") + "/"
+    return name.removeprefix("engine.").replace(".", "/") + ".py"
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
 @pytest.mark.parametrize("contract", FORBIDDEN, ids=lambda contract: contract.package)
 def test_package_imports_nothing_forbidden(contract):
     breaches = [
@@ -109,6 +129,21 @@ def test_package_imports_nothing_forbidden(contract):
 def test_engine_has_no_import_cycle():
     found = cycles(import_graph(modules("engine")))
     assert not found, "modules that import each other, directly or around a cycle: " + "; ".join(", ".join(cycle) for cycle in found)
+
+
+def test_engine_map_lists_each_module_above_what_it_imports():
+    layers = {entry: int(layer) for layer, entry in MAP_ROW.findall(ENGINE_MAP.read_text())}
+    engine = modules("engine")
+    unlisted = sorted({map_entry(name) for name, path in engine.items() if not is_package(path) or name in MAPPED_PACKAGES} - set(layers))
+    assert not unlisted, f"modules missing from {ENGINE_MAP.relative_to(ROOT)}: {unlisted}"
+    breaches = [
+        f"{map_entry(name)} (layer {layers[map_entry(name)]}) imports {map_entry(imported)} (layer {layers[map_entry(imported)]})"
+        for name, imported_modules in import_graph(engine).items()
+        if not is_package(engine[name])
+        for imported in imported_modules
+        if map_entry(imported) != map_entry(name) and not is_package(engine[imported]) and layers[map_entry(imported)] >= layers[map_entry(name)]
+    ]
+    assert not breaches, "; ".join(breaches)
 
 
 def test_a_cycle_is_found():
