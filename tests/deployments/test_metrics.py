@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,3 +69,12 @@ def test_each_replica_has_its_own_registry():
     first.requests.inc("200")
     families = {family.name: family for family in text_string_to_metric_families(second.render([], ReplicaState(0, 1.0)).decode())}
     assert families["spout_requests"].samples == []
+
+
+def test_docs_metrics_lists_every_family():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(spout_\w+)`", page))
+    for family in text_string_to_metric_families(_scrape()):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's creation time of each counter and histogram
+        assert {family.name, f"{family.name}_total"} & listed, family.name
