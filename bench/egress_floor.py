@@ -42,7 +42,7 @@ from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
 from engine.loader.checkpoint import load_tokenizer
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 
 HOST = "127.0.0.1"

@@ -28,7 +28,7 @@ from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from detok import DetokItem, detokenize_batch, initial_state
 from engine.config import EngineConfig
 from engine.loader.checkpoint import load_tokenizer
-from engine.request import EngineOutput
+from engine.outputs import EngineOutput
 from sampling.params import SamplingParams
 
 SUBSCRIBER = "baseline"

@@ -21,10 +21,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from deployments.engine_actor import EngineActor
-from engine.block_manager import PrefixCacheStats
 from engine.config import EngineConfig
 from engine.core import InvalidRequestError
-from engine.request import EngineOutput, FinishReason
+from engine.kv.block_manager import PrefixCacheStats
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
 

@@ -31,7 +31,7 @@ from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.grammar.compiler import CompileLimit, CompilesBusyError
-from engine.request import EngineOutput
+from engine.outputs import EngineOutput
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
 

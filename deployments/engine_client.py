@@ -23,7 +23,7 @@ from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
-from engine.beam_search import beam_choice_id
+from engine.beam.choices import beam_choice_id
 from sampling.params import SamplingParams
 
 

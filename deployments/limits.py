@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai.errors import APIError
-from engine.beam_search import BeamSearchParamError, check_beam_params
+from engine.beam.params import BeamSearchParamError, check_beam_params
 from sampling.params import MAX_N, MAX_SPECULATIVE_TOKENS, SamplingParams
 
 LIMIT_EXCEEDED = "limit_exceeded"

@@ -19,8 +19,8 @@ from deployments.openai.errors import APIError
 from deployments.openai.logprobs import logprob_entries, logprob_token_ids, prompt_logprob_entries, prompt_logprob_token_ids
 from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
-from engine.beam_search import beam_choice_outputs
-from engine.request import EngineOutput
+from engine.beam.choices import beam_choice_outputs
+from engine.outputs import EngineOutput
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ class EngineConfig:
 
     At most ``max_num_seqs`` sequences run at once, each up to ``max_model_len`` positions;
     their keys and values live in blocks of ``block_size`` positions from one pool of
-    ``kv_cache_memory`` bytes (None: a share of free memory, see `engine.kv_cache`, but no
+    ``kv_cache_memory`` bytes (None: a share of free memory, see `engine.kv.kv_cache`, but no
     more than ``max_num_seqs`` full-length sequences need), so the tokens that fit in the
     pool bound concurrency. Full blocks are kept for reuse by later prompts that start with
     the same tokens unless ``enable_prefix_caching`` is off. A step schedules at most

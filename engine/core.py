@@ -7,18 +7,19 @@ from collections import OrderedDict
 
 import torch
 
-from engine.beam_groups import BeamGroups
-from engine.beam_search import check_beam_params
-from engine.block_manager import BlockManager, PrefixCacheStats
+from engine.beam.groups import BeamGroups
+from engine.beam.params import check_beam_params
 from engine.config import EngineConfig
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
 from engine.grammar.spec import GrammarError
+from engine.kv.block_manager import BlockManager, PrefixCacheStats
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
 from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
-from engine.prompt_logprobs import PromptLogprobsState, collect_prompt_logprobs, plan_prompt_rows, take_prompt_logprobs
-from engine.request import EngineOutput, FinishReason, Guidance, Request, RequestError, check_stop
+from engine.outputs import EngineOutput, FinishReason, RequestError
+from engine.prompt_logprobs import PromptLogprobsRequests
+from engine.request import Guidance, Request, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings, has_strings
@@ -67,7 +68,10 @@ class EngineCore:
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings, num_blocks * self.config.block_size)
         blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         config = self.config
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, blocks, config.max_constrained_rows)
+        self.prompt_logprobs = PromptLogprobsRequests()
+        self.scheduler = Scheduler(
+            config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, blocks, config.max_constrained_rows, self.prompt_logprobs.prefix_limit
+        )
         vocab_size = checkpoint.config.vocab_size
         self.constrained = ConstrainedRequests(self.tokenizer, vocab_size, config.grammar_cache_size, config.grammar_limits, config.compile_budget)
         self.beams = BeamGroups(self.scheduler, self.runner, self.tokenizer.eos_token_ids, self.max_model_len, config.max_beam_rows)
@@ -156,7 +160,7 @@ class EngineCore:
         if params.guidance_scale != 1.0:
             request.guidance = self._guidance(request)
         if params.prompt_logprobs is not None:
-            request.prompt_logprobs = PromptLogprobsState(params.prompt_logprobs)
+            self.prompt_logprobs.add(request)
         return request
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings) -> None:
@@ -244,7 +248,9 @@ class EngineCore:
         self._schedule_compiled()
         self.beams.start_waiting()
         # Drafting, a grammar's next mask and a beam search's next round need every sampled token on the host.
-        synchronous = not self.async_scheduling or any(r.ngram_index is not None or r.grammar is not None or r.beam is not None for r in self.scheduler.running)
+        synchronous = not self.async_scheduling or any(
+            r.ngram_index is not None or r.grammar is not None or self.beams.group_of(r) is not None for r in self.scheduler.running
+        )
         if synchronous and self.in_flight is not None:
             outputs += self._collect(self.in_flight)
             self.in_flight = None
@@ -253,7 +259,8 @@ class EngineCore:
         self._finish_too_large()
         launched = None
         if step.requests:
-            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step), plan_prompt_rows(step))
+            prompt_rows, beam_rows = self.prompt_logprobs.plan(step), self.beams.plan_rows(step)
+            launched = self.runner.launch(step, self.in_flight, self.constrained.start_masks(step), prompt_rows, beam_rows)
             for sequence, chunk in zip(step.requests, step.chunks):
                 sequence.num_computed_tokens += chunk.num_tokens
             for request in step.sampled:
@@ -277,12 +284,13 @@ class EngineCore:
     def _finish_too_large(self) -> None:
         """Requests that grew past what the whole block pool holds end as if at their context length."""
         for request in self.scheduler.too_large:
-            if request.beam is None:
-                self.pending_outputs.append(self._finish(request, FinishReason.LENGTH, None, new_token_ids=[]))
-            elif request.beam.request_id in self.beams.groups:
-                output = self.beams.finish(request.beam, FinishReason.ERROR)
+            group = self.beams.group_of(request)
+            if group is not None:
+                output = self.beams.finish(group, FinishReason.ERROR)
                 output.error = RequestError("a beam grew past what the whole KV cache holds", client_fault=True)
                 self.pending_outputs.append(output)
+            elif not request.finished:  # finished: a beam of a search that another beam's growth ended
+                self.pending_outputs.append(self._finish(request, FinishReason.LENGTH, None, new_token_ids=[]))
         self.scheduler.too_large.clear()
 
     def _admit(self, request: Request) -> bool:
@@ -331,12 +339,12 @@ class EngineCore:
         outputs = []
         step = in_flight.step
         if in_flight.prompt_logprobs is not None:  # before the outputs that carry them
-            collect_prompt_logprobs(in_flight.prompt_logprobs)
+            self.prompt_logprobs.collect(in_flight.prompt_logprobs)
         for request, drafts, sampled in zip(step.sampled, step.draft_token_ids, self.runner.collect(in_flight)):
             _add_placeholders(request, -1)
             if request.finished:  # finished or aborted while this step ran
                 continue
-            if request.beam is not None:
+            if self.beams.group_of(request) is not None:
                 self.beams.report(request, sampled.candidates)
                 continue
             try:
@@ -378,13 +386,14 @@ class EngineCore:
             stop = check_stop(request, self.tokenizer.eos_token_ids, self.max_model_len)
             if stop is not None:
                 break
+        prompt_logprobs = self.prompt_logprobs.take(request)  # before `_finish` forgets the request's state
         if stop is None:
             if request.grammar is not None:
                 advance(request.grammar, new_token_ids)
             output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
         else:
             output = self._finish(request, *stop, new_token_ids=new_token_ids)
-        output.prompt_logprobs = take_prompt_logprobs(request)
+        output.prompt_logprobs = prompt_logprobs
         num_top = request.params.logprobs
         if sampled.logprobs is not None and num_top is not None:
             kept = sampled.logprobs[: len(new_token_ids)]
@@ -402,6 +411,7 @@ class EngineCore:
             self.runner.remove_request(request.slot)
         if not self.constrained.discard(request):
             self.scheduler.remove(request)
+        self.prompt_logprobs.discard(request)
         del self.requests[request.request_id]
         self.finished_generated_counts[request.request_id] = len(request.output_token_ids)
         if len(self.finished_generated_counts) > FINISHED_COUNTS_KEPT:

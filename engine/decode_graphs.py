@@ -26,7 +26,7 @@ from functools import partial
 
 import torch
 
-from engine.kv_cache import PagedKVCache
+from engine.kv.kv_cache import PagedKVCache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata, ScheduledChunk
 from engine.models.llama import LlamaForCausalLM
 

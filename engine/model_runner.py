@@ -10,18 +10,19 @@ from itertools import accumulate
 
 import torch
 
-from engine.beam_groups import beam_rows, candidate_tensors
-from engine.beam_search import Candidates
+from engine.beam.rows import BeamRows, candidate_tensors
+from engine.beam.search import Candidates
 from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
-from engine.kv_cache import PagedKVCache, pool_num_blocks
+from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
 from engine.models.packed_linear import can_pack, pack_linears
+from engine.outputs import TokenLogprobs
 from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
-from engine.request import Request, TokenLogprobs
+from engine.request import Request
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
 from sampling.ops.masks import GrammarMask
@@ -60,6 +61,8 @@ class InFlightStep:
     prompt_logprobs: PromptLogprobsInFlight | None = None
     beam_host: list[torch.Tensor] = field(default_factory=list)
     """Pinned host copies of the beam rows' candidates (`candidate_tensors`), when the step has any."""
+    beam_sequences: frozenset[Request] = frozenset()
+    """The sampled requests those rows are of (`BeamRows.sequences`)."""
 
 
 @dataclass
@@ -101,10 +104,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(
-        self, step: ScheduledStep, previous: InFlightStep | None, masks: PendingMasks | None = None, prompt_rows: PromptRows | None = None
+        self,
+        step: ScheduledStep,
+        previous: InFlightStep | None,
+        masks: PendingMasks | None = None,
+        prompt_rows: PromptRows | None = None,
+        beam_rows: BeamRows | None = None,
     ) -> InFlightStep:
         """Enqueue the step: forward, lm_head on the needed rows, guidance, sampler (or
-        verification of drafts), and the copies to the host; prompt logprobs of ``prompt_rows``.
+        verification of drafts), and the copies to the host; prompt logprobs of ``prompt_rows``,
+        next-token candidates of ``beam_rows``.
 
         ``masks``: the grammar bitmasks of the step's constrained requests, filling on a worker
         while the forward pass is enqueued (on the CPU: while it runs); waited for before the sampler.
@@ -141,14 +150,15 @@ class ModelRunner:
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
-        beams = self._beam_candidates(step, hidden)
+        beams = [] if beam_rows is None else self._beam_candidates(beam_rows, hidden)
         host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=self.pinned) for v in values + beams]
         for buffer, value in zip(host, values + beams):
             buffer.copy_(value, non_blocking=self.pinned)
         done = torch.cuda.Event() if self.pinned else None
         if done is not None:
             done.record()
-        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, beam_host=host[len(values) :])
+        beam_sequences = frozenset() if beam_rows is None else frozenset(beam_rows.sequences)
+        return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, host[len(values) :], beam_sequences)
 
     def _forward(self, input_ids: torch.Tensor, step: ScheduledStep) -> torch.Tensor:
         """input_ids: [T] -> final-normed hidden states [T, hidden]: a decode step from its captured graph, any other eagerly."""
@@ -168,13 +178,10 @@ class ModelRunner:
         logger.info("captured %d decode graphs (batch 1 to %d) in %.1f s", len(graphs.buckets), graphs.buckets[-1], time.perf_counter() - started)
         return graphs
 
-    def _beam_candidates(self, step: ScheduledStep, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows; none without beams."""
-        rows = beam_rows(step)
-        if not rows:
-            return []
-        logits = self.model.compute_logits(hidden[self._to_device([index for index, _ in rows])])
-        return candidate_tensors(logits, [group for _, group in rows])
+    def _beam_candidates(self, rows: BeamRows, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """The beam rows' candidates (`candidate_tensors`) from their own lm_head rows."""
+        logits = self.model.compute_logits(hidden[self._to_device(rows.logits_indices)])
+        return candidate_tensors(logits, rows)
 
     def _sample(self, step: ScheduledStep, hidden: torch.Tensor, rows: torch.Tensor, masks: PendingMasks | None) -> SamplerOutput:
         """One token per sampled request: the lm_head's argmax when the batch needs nothing else
@@ -223,7 +230,7 @@ class ModelRunner:
         sampled, first_row = [], 0
         for request, rows, emitted in zip(in_flight.step.sampled, num_rows, num_emitted):
             emitted_rows = slice(first_row, first_row + emitted)
-            candidates = next(beams) if request.beam is not None else None
+            candidates = next(beams) if request in in_flight.beam_sequences else None
             sampled.append(SampledTokens(token_ids[emitted_rows], logprobs[emitted_rows] if logprobs is not None else None, candidates))
             first_row += rows
         return sampled

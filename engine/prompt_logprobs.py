@@ -1,6 +1,9 @@
 """Prompt logprobs: which prefill rows go through the lm_head for them, their logprobs on the
 device, and their return to the request that asked.
 
+The state of each request that asked lives here (`PromptLogprobsRequests`), keyed by the request; the
+step's rows reach the model runner as a `PromptRows` plan of the step the scheduler handed out.
+
 A request with ``params.prompt_logprobs`` scores every prompt token after the first: the logits
 at position p give the logprob of prompt token p + 1. Each prefill chunk (one per step when the
 prompt is chunked) scores the positions it computes, so the first token of a chunk is scored by
@@ -14,16 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from engine.request import TokenLogprobs
+from engine.outputs import PromptLogprobs, TokenLogprobs
+from engine.request import Request
+from engine.scheduler import ScheduledStep
 from sampling.logprobs import compute_prompt_logprobs
-
-if TYPE_CHECKING:
-    from engine.request import Request
-    from engine.scheduler import ScheduledStep
 
 ROWS_PER_SLICE = 256
 """Prompt rows put through the lm_head at once: bounds the [rows, vocab] logits (50 MB for a
@@ -40,13 +40,6 @@ class PromptLogprobsState:
     entries: list[TokenLogprobs] = field(default_factory=list)
     """Collected so far; ``entries[i]`` is prompt token i + 1's."""
     delivered: bool = False
-
-
-class PromptLogprobs(NamedTuple):
-    """What a request's first output carries: its prompt, and ``entries[i]`` for ``token_ids[i + 1]``."""
-
-    token_ids: list[int]
-    entries: list[TokenLogprobs]
 
 
 @dataclass(frozen=True)
@@ -73,28 +66,6 @@ class PromptLogprobsInFlight:
     done: torch.cuda.Event | None
 
 
-def plan_prompt_rows(step: ScheduledStep) -> PromptRows | None:
-    """The rows of ``step`` that score prompt tokens not scored before (None if none); marks them scored."""
-    requests, num_rows, rows, next_token_ids = [], [], [], []
-    offset = 0
-    for sequence, chunk in zip(step.requests, step.chunks):
-        state = sequence.prompt_logprobs
-        if state is not None:
-            start = max(chunk.position, state.num_scored_positions)
-            end = min(chunk.position + chunk.num_tokens, len(sequence.prompt_token_ids) - 1)
-            if end > start:
-                requests.append(sequence)
-                num_rows.append(end - start)
-                rows.extend(range(offset + start - chunk.position, offset + end - chunk.position))
-                next_token_ids.extend(sequence.prompt_token_ids[start + 1 : end + 1])
-                state.num_scored_positions = end
-        offset += chunk.num_tokens
-    if not requests:
-        return None
-    num_top = max(request.params.prompt_logprobs or 0 for request in requests)
-    return PromptRows(requests, num_rows, rows, next_token_ids, num_top)
-
-
 def launch_prompt_logprobs(
     plan: PromptRows, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], pinned: bool
 ) -> PromptLogprobsInFlight:
@@ -115,27 +86,68 @@ def launch_prompt_logprobs(
     return PromptLogprobsInFlight(plan, host, done)
 
 
-def collect_prompt_logprobs(in_flight: PromptLogprobsInFlight) -> None:
-    """Wait for the copies; append each live request's entries (top-N cut to its own N) to its state."""
-    if in_flight.done is not None:
-        in_flight.done.synchronize()
-    logprobs, ranks, top_ids, top_logprobs = (buffer.tolist() for buffer in in_flight.host)
-    first = 0
-    for request, count in zip(in_flight.rows.requests, in_flight.rows.num_rows):
-        state = request.prompt_logprobs
-        assert state is not None
-        if not request.finished:
-            num_top = state.num_top
-            rows = range(first, first + count)
-            state.entries += [TokenLogprobs(logprobs[r], ranks[r], top_ids[r][:num_top], top_logprobs[r][:num_top]) for r in rows]
-        first += count
+class PromptLogprobsRequests:
+    """The requests that asked for prompt logprobs (never a guidance companion or a beam), with their state."""
 
+    def __init__(self) -> None:
+        self.states: dict[Request, PromptLogprobsState] = {}
 
-def take_prompt_logprobs(request: Request) -> PromptLogprobs | None:
-    """The request's prompt logprobs, once (with its first output), if it asked for them."""
-    state = request.prompt_logprobs
-    if state is None or state.delivered:
-        return None
-    state.delivered = True
-    entries, state.entries = state.entries, []
-    return PromptLogprobs(list(request.prompt_token_ids), entries)
+    def add(self, request: Request) -> None:
+        """Score the request's prompt (it asked: ``params.prompt_logprobs`` is set)."""
+        assert request.params.prompt_logprobs is not None
+        self.states[request] = PromptLogprobsState(request.params.prompt_logprobs)
+
+    def discard(self, request: Request) -> None:
+        """Forget a finished request: rows of it still in flight are dropped when collected."""
+        self.states.pop(request, None)
+
+    def prefix_limit(self, sequence: Request) -> int | None:
+        """The scheduler's `PrefixLimit`: no cached block past the first prompt position whose logits still score a prompt token."""
+        state = self.states.get(sequence)
+        if state is None or state.num_scored_positions >= len(sequence.prompt_token_ids) - 1:
+            return None
+        return state.num_scored_positions
+
+    def plan(self, step: ScheduledStep) -> PromptRows | None:
+        """The rows of ``step`` that score prompt tokens not scored before (None if none); marks them scored."""
+        requests, num_rows, rows, next_token_ids = [], [], [], []
+        offset = 0
+        for sequence, chunk in zip(step.requests, step.chunks):
+            state = self.states.get(sequence)
+            if state is not None:
+                start = max(chunk.position, state.num_scored_positions)
+                end = min(chunk.position + chunk.num_tokens, len(sequence.prompt_token_ids) - 1)
+                if end > start:
+                    requests.append(sequence)
+                    num_rows.append(end - start)
+                    rows.extend(range(offset + start - chunk.position, offset + end - chunk.position))
+                    next_token_ids.extend(sequence.prompt_token_ids[start + 1 : end + 1])
+                    state.num_scored_positions = end
+            offset += chunk.num_tokens
+        if not requests:
+            return None
+        num_top = max(request.params.prompt_logprobs or 0 for request in requests)
+        return PromptRows(requests, num_rows, rows, next_token_ids, num_top)
+
+    def collect(self, in_flight: PromptLogprobsInFlight) -> None:
+        """Wait for the copies; append each live request's entries (top-N cut to its own N) to its state."""
+        if in_flight.done is not None:
+            in_flight.done.synchronize()
+        logprobs, ranks, top_ids, top_logprobs = (buffer.tolist() for buffer in in_flight.host)
+        first = 0
+        for request, count in zip(in_flight.rows.requests, in_flight.rows.num_rows):
+            state = self.states.get(request)
+            if state is not None:  # None: finished while the step ran
+                num_top = state.num_top
+                rows = range(first, first + count)
+                state.entries += [TokenLogprobs(logprobs[r], ranks[r], top_ids[r][:num_top], top_logprobs[r][:num_top]) for r in rows]
+            first += count
+
+    def take(self, request: Request) -> PromptLogprobs | None:
+        """The request's prompt logprobs, once (with its first output), if it asked for them."""
+        state = self.states.get(request)
+        if state is None or state.delivered:
+            return None
+        state.delivered = True
+        entries, state.entries = state.entries, []
+        return PromptLogprobs(list(request.prompt_token_ids), entries)

@@ -1,37 +1,31 @@
-"""A request as the engine tracks it, and what a step reports about it."""
+"""A request as the engine tracks it: its tokens, sampling row, KV blocks and progress through the steps.
+
+Features that keep more per request (beam search, prompt logprobs, grammars still compiling) keep it in their
+own modules, keyed by the request: this module imports none of them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from engine.block_manager import SequenceBlocks
+from engine.kv.sequence_blocks import SequenceBlocks
 from engine.ngram_drafter import NgramIndex
+from engine.outputs import FinishReason
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
-    from engine.beam_groups import BeamGroup
-    from engine.beam_search import Hypothesis
-    from engine.grammar.compiler import CompileJob
-    from engine.prompt_logprobs import PromptLogprobs, PromptLogprobsState
 
-
-class FinishReason(str, Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"
-    """The request failed inside the engine (`EngineOutput.error` says why); the others went on."""
-    GRAMMAR_DEAD_END = "grammar_dead_end"
-    """Its structured-output grammar left no token to emit (or its other masks banned every one the grammar allows)."""
-
-
-@dataclass
+@dataclass(eq=False)
 class Request:
+    """One sequence the engine schedules: a client's request, a guidance companion or a beam.
+
+    Compared and hashed by identity: the feature modules key their state by the request object.
+    """
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -53,14 +47,8 @@ class Request:
     guidance: Guidance | None = None
     grammar: LLMatcher | None = None
     """With ``params.structured_outputs``: the matcher, at the accepted outputs (set once compiled)."""
-    pending_grammar: CompileJob | None = None
-    """The grammar compiling on the worker; the request is queued for scheduling when it is done."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    beam: BeamGroup | None = None
-    """Set on each sequence of a beam search: the search it runs a beam of."""
-    prompt_logprobs: PromptLogprobsState | None = None
-    """Set when the request asked for prompt logprobs (never on a guidance companion)."""
     stop_token_ids: frozenset[int] = field(init=False)
     """``params.stop_token_ids`` as a set, built once: checked after every token."""
 
@@ -89,16 +77,6 @@ class Request:
         """The request, then its guidance companion if it has one: the sequences that hold a slot and blocks for it."""
         return [self] if self.guidance is None else [self, self.guidance.companion]
 
-    @property
-    def num_cacheable_tokens(self) -> int:
-        """Leading known tokens the prefix cache may supply: all but the last, whose logits are
-        needed, and none past the first prompt position whose logits still score a prompt token."""
-        limit = self.num_tokens - 1
-        scoring = self.prompt_logprobs
-        if scoring is not None and scoring.num_scored_positions < len(self.prompt_token_ids) - 1:
-            limit = min(limit, scoring.num_scored_positions)
-        return limit
-
     def room_to_grow(self, max_model_len: int) -> int:
         """How many more tokens may still be generated, counting those in flight."""
         room = max_model_len - self.context_len - self.num_placeholders
@@ -124,53 +102,6 @@ class Guidance:
 
     scale: float
     companion: Request
-
-
-class TokenLogprobs(NamedTuple):
-    """A generated token's logprob and rank, and the request's top-N alternatives."""
-
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-
-@dataclass(frozen=True)
-class RequestError:
-    """Why one request failed in the engine.
-
-    client_fault: the request's own data could not be run (an HTTP 400); otherwise the
-    engine failed on it (a 500).
-    """
-
-    message: str
-    client_fault: bool
-
-
-@dataclass
-class EngineOutput:
-    """New tokens of one request from one step; ``finish_reason`` set on its last output.
-
-    stop_reason: the stop token id that ended it, None for EOS or when not stopped by a token.
-    """
-
-    request_id: str
-    new_token_ids: list[int]
-    num_prompt_tokens: int
-    finish_reason: FinishReason | None = None
-    stop_reason: int | None = None
-    logprobs: list[TokenLogprobs] | None = None
-    """One entry per new token when the request asked for logprobs."""
-    prompt_logprobs: PromptLogprobs | None = None
-    """On the request's first output, when it asked for prompt logprobs."""
-    num_draft_tokens: int = 0
-    """Tokens drafted for the request in the step(s) of this output."""
-    num_accepted_tokens: int = 0
-    """Of those, the ones the target model accepted (``new_token_ids`` may drop some after a stop)."""
-    error: RequestError | None = None
-    """Set with ``finish_reason`` ERROR."""
-    beams: list[Hypothesis] | None = None
-    """A beam search's final output: its ``n`` best beams, best first (`beam_choice_outputs`)."""
 
 
 def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:

@@ -6,9 +6,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockCopy, BlockManager
+from engine.kv.block_manager import BlockCopy, BlockManager
 from engine.models.attention_metadata import ScheduledChunk
 from engine.request import Request
+
+PrefixLimit = Callable[[Request], int | None]
+"""A feature's bound on the leading positions of a sequence that the prefix cache may supply, those
+past it needing their logits (`PromptLogprobsRequests.prefix_limit`); None: no bound."""
 
 
 @dataclass
@@ -61,8 +65,17 @@ class Scheduler:
     the whole pool holds, listed in ``too_large`` for the engine to finish.
     """
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, blocks: BlockManager, max_constrained: int | None = None) -> None:
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        blocks: BlockManager,
+        max_constrained: int | None = None,
+        prefix_limit: PrefixLimit | None = None,
+    ) -> None:
         """``max_constrained``: the most requests with a grammar holding sampling rows at once (None: any number)."""
+        self.prefix_limit = prefix_limit
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_constrained = max_num_seqs if max_constrained is None else max_constrained
         self.num_constrained = 0
@@ -135,7 +148,7 @@ class Scheduler:
                 self.too_large.append(request)  # the engine finishes it, taking it out of the queue
                 return
             self.waiting.popleft()
-            num_hit = sum(self.blocks.match_prefix(holder) for holder in request.sequences)
+            num_hit = sum(self.blocks.match_prefix(holder, self.num_cacheable(holder)) for holder in request.sequences)
             self.running.append(request)
             if is_new:
                 for holder in request.sequences:
@@ -151,6 +164,13 @@ class Scheduler:
             self.blocks.stats.queried_tokens += sum(holder.num_tokens for holder in request.sequences)
             self.blocks.stats.hit_tokens += num_hit
             budget -= used
+
+    def num_cacheable(self, sequence: Request) -> int:
+        """Leading known tokens the prefix cache may supply: all but the last, whose logits are
+        needed, and none past ``prefix_limit``'s bound."""
+        bound = None if self.prefix_limit is None else self.prefix_limit(sequence)
+        limit = sequence.num_tokens - 1
+        return limit if bound is None else min(limit, bound)
 
     def _schedule_request(self, step: ScheduledStep, request: Request, budget: int, may_preempt: bool) -> int | None:
         """Schedule the request (and its companion) within ``budget``; return the tokens used, or

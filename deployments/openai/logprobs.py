@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass
 
 from detok import TokenString
-from engine.prompt_logprobs import PromptLogprobs
-from engine.request import TokenLogprobs
+from engine.outputs import PromptLogprobs, TokenLogprobs
 
 
 @dataclass(frozen=True)

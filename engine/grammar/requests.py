@@ -25,7 +25,8 @@ class ConstrainedRequests:
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int, cache_size: int, limits: GrammarLimits, budget: CompileBudget) -> None:
         self.compiler = GrammarCompiler(tokenizer, vocab_size, cache_size, limits, budget)
         self.filler = MaskFiller(vocab_size)
-        self.compiling: dict[str, Request] = {}
+        self.compiling: dict[Request, CompileJob] = {}
+        """The requests waiting for their grammar, and its compile (on the worker)."""
 
     def submit(self, request: Request, client: str) -> bool:
         """Give the request its matcher, or start (or join) its grammar's compile: True when it then
@@ -36,8 +37,7 @@ class ConstrainedRequests:
         if not isinstance(matcher, CompileJob):
             request.grammar = matcher
             return False
-        request.pending_grammar = matcher
-        self.compiling[request.request_id] = request
+        self.compiling[request] = matcher
         return True
 
     def wait(self, timeout_s: float) -> None:
@@ -49,9 +49,7 @@ class ConstrainedRequests:
         compile failed or ran past the deadline, with why (still here: the engine finishes them, which `discard`s them)."""
         self.compiler.reap(time.monotonic())
         ready, failed = [], []
-        for request_id, request in list(self.compiling.items()):
-            job = request.pending_grammar
-            assert job is not None
+        for request, job in list(self.compiling.items()):
             if job.timed_out:
                 failed.append((request, self.compiler.timeout_error()))
                 continue
@@ -62,17 +60,13 @@ class ConstrainedRequests:
             except Exception as error:
                 failed.append((request, error))
                 continue
-            del self.compiling[request_id]
-            request.pending_grammar = None
+            del self.compiling[request]
             ready.append(request)
         return ready, failed
 
     def discard(self, request: Request) -> bool:
         """Forget a request still compiling (aborted); False if it is not here. Its job runs on for the others that wait for it."""
-        if self.compiling.pop(request.request_id, None) is None:
-            return False
-        request.pending_grammar = None
-        return True
+        return self.compiling.pop(request, None) is not None
 
     def start_masks(self, step: ScheduledStep) -> PendingMasks | None:
         """Start filling the bitmasks of the step's constrained requests (None: it has none)."""

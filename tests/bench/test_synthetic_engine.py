@@ -8,7 +8,7 @@ import asyncio
 from bench.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
 from deployments.engine_actor import EngineActor, NewRequest, Polled
 from engine.config import EngineConfig
-from engine.request import FinishReason
+from engine.outputs import FinishReason
 from sampling.params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)

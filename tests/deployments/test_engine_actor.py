@@ -9,7 +9,8 @@ import pytest
 
 from deployments.engine_actor import SERVER_FULL, EngineActor, NewRequest
 from engine.config import EngineConfig
-from engine.request import EngineOutput, FinishReason, Request
+from engine.outputs import EngineOutput, FinishReason
+from engine.request import Request
 from sampling.params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -19,7 +19,7 @@ from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import ChoiceToolCalls, tool_call_output
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from tests.deployments.test_engine_client import Remote
 

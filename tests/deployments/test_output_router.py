@@ -12,9 +12,8 @@ from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter, expand_beams, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
-from engine.beam_search import Hypothesis
 from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
-from engine.request import EngineOutput, FinishReason, RequestError
+from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError
 from sampling.params import SamplingParams
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)

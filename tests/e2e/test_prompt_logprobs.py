@@ -11,7 +11,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import load_checkpoint
-from engine.prompt_logprobs import PromptLogprobs
+from engine.outputs import PromptLogprobs
 from sampling.params import SamplingParams
 from tests.engine.conftest import run_until_done
 

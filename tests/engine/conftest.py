@@ -8,7 +8,7 @@ from engine.config import DEFAULT_MODEL
 from engine.core import EngineCore
 from engine.loader.checkpoint import DEFAULT_MODEL_PACKAGE, Checkpoint, ModelNotFoundError, load_checkpoint
 from engine.loader.random_weights import TINY_RANDOM
-from engine.request import EngineOutput
+from engine.outputs import EngineOutput
 
 requires_default_model = pytest.mark.skipif(
     importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None, reason="the default model is not installed (a bare GPU machine; make install installs it)"

@@ -11,7 +11,7 @@ import random
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint
-from engine.request import EngineOutput
+from engine.outputs import EngineOutput
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids

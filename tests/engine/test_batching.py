@@ -7,7 +7,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.generate import generate
-from engine.request import EngineOutput
+from engine.outputs import EngineOutput
 from engine.scheduler import ScheduledStep
 from sampling.params import SamplingParams
 from tests.engine.conftest import output_ids

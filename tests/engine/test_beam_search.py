@@ -13,13 +13,13 @@ import itertools
 import pytest
 import torch
 
-from engine.beam_search import beam_choice_outputs
+from engine.beam.choices import beam_choice_outputs
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
-from engine.kv_cache import PagedKVCache, bytes_per_block
+from engine.kv.kv_cache import PagedKVCache, bytes_per_block
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from tests.engine.conftest import run_until_done
 

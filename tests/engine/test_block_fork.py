@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.kv_cache import PagedKVCache
+from engine.kv.block_manager import BlockManager
+from engine.kv.kv_cache import PagedKVCache
 from engine.loader.random_weights import RANDOM_MODEL_SHAPES, TINY_RANDOM
 from engine.request import Request
 from sampling.params import SamplingParams

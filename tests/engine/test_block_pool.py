@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import BlockPool, PoolExhaustedError
+from engine.kv.block_pool import BlockPool, PoolExhaustedError
 
 NUM_BLOCKS = 6
 OPERATIONS = st.lists(

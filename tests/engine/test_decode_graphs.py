@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, GraphCapture, batch_buckets, cuda_graph_capture, eager_capture
-from engine.kv_cache import PagedKVCache
+from engine.kv.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
 from engine.models.llama import LlamaForCausalLM

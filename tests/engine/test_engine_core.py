@@ -11,7 +11,8 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason, Request, check_stop
+from engine.outputs import FinishReason
+from engine.request import Request, check_stop
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done

@@ -13,7 +13,8 @@ import engine.core
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason, Request
+from engine.outputs import FinishReason
+from engine.request import Request
 from sampling.params import SamplingParams
 from tests.engine.conftest import output_ids, run_until_done
 

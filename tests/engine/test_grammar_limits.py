@@ -16,7 +16,7 @@ from engine.core import EngineCore, InvalidRequestError
 from engine.grammar.compiler import CompileLimit, CompilesBusyError
 from engine.grammar.limits import CompileBudget, GrammarLimits
 from engine.grammar.spec import grammar_error, parser_limits
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from sampling.structured_outputs import StructuredOutputs
 from tests.engine.conftest import output_ids, run_until_done
@@ -184,7 +184,7 @@ def test_beam_rows_wait_behind_their_cap(tiny_checkpoint):
     engine.add_request("s2", PROMPT, beam)
     while engine.has_unfinished_requests():
         engine.step()
-        assert engine.beams.num_rows <= 2 and sum(r.beam is not None for r in engine.scheduler.running) <= 2
+        assert engine.beams.num_rows <= 2 and sum(engine.beams.group_of(r) is not None for r in engine.scheduler.running) <= 2
     assert engine.beams.num_rows == 0
     with pytest.raises(InvalidRequestError, match="max_beam_rows"):
         engine.add_request("s3", PROMPT, SamplingParams(use_beam_search=True, n=3, max_tokens=4))

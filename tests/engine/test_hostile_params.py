@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.core import NO_TOKEN_LEFT, EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason
+from engine.outputs import FinishReason
 from sampling.params import MAX_INT64, SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done

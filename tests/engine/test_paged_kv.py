@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import hash_block
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
-from engine.kv_cache import bytes_per_block
+from engine.kv.block_pool import hash_block
+from engine.kv.kv_cache import bytes_per_block
 from engine.loader.checkpoint import Checkpoint
-from engine.request import FinishReason
+from engine.outputs import FinishReason
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done

@@ -8,11 +8,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.kv_cache import bytes_per_block
+from engine.kv.kv_cache import bytes_per_block
 from engine.loader.checkpoint import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk
-from engine.prompt_logprobs import PromptLogprobs, PromptLogprobsState, plan_prompt_rows
-from engine.request import FinishReason, Request
+from engine.outputs import FinishReason, PromptLogprobs
+from engine.prompt_logprobs import PromptLogprobsRequests
+from engine.request import Request
 from engine.scheduler import ScheduledStep
 from sampling.params import SamplingParams
 from tests.engine.conftest import output_ids, run_until_done
@@ -133,15 +134,16 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(smollm_checkpoi
 def test_only_rows_of_requests_that_asked_go_through_the_lm_head():
     asking = Request("a", [1, 2, 3, 4, 5, 6], SamplingParams(prompt_logprobs=2))
     other = Request("b", [7, 8, 9], SamplingParams())
-    asking.prompt_logprobs = PromptLogprobsState(2)
+    scoring = PromptLogprobsRequests()
+    scoring.add(asking)
     step = ScheduledStep(requests=[other, asking], chunks=[ScheduledChunk((0,), 0, 3), ScheduledChunk((1,), 0, 4)])
-    plan = plan_prompt_rows(step)
+    plan = scoring.plan(step)
     assert plan is not None
     assert plan.rows == [3, 4, 5, 6] and plan.next_token_ids == [2, 3, 4, 5] and plan.requests == [asking]
     asking.num_computed_tokens = 4
-    second = plan_prompt_rows(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 4, 2)]))
+    second = scoring.plan(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 4, 2)]))
     assert second is not None and second.rows == [0] and second.next_token_ids == [6]  # the last prompt position scores nothing
-    assert plan_prompt_rows(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 0, 6)])) is None  # recomputed after preemption
+    assert scoring.plan(ScheduledStep(requests=[asking], chunks=[ScheduledChunk((1,), 0, 6)])) is None  # recomputed after preemption
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

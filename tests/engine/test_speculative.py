@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint
 from engine.ngram_drafter import NgramIndex
-from engine.request import FinishReason
+from engine.outputs import FinishReason
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done

@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 from tests.engine.conftest import output_ids, run_until_done

@@ -2,8 +2,8 @@
 
 A search of width ``W`` takes ``W`` sampling rows when it starts (one for its prompt, the rest
 kept for the beams it forks) and gives them back when it ends. Each round, every live beam's
-sequence computes its next-token distribution (`candidate_tensors`: the model's log-softmax,
-``allowed_token_ids`` applied, top ``2W``); once all have, `engine.beam_search.advance` picks
+sequence computes its next-token distribution (`engine.beam.rows.candidate_tensors`: the model's log-softmax,
+``allowed_token_ids`` applied, top ``2W``); once all have, `engine.beam.search.advance` picks
 the next beams. A beam continued once keeps its sequence and appends the token; each further
 continuation is a fork that shares its blocks (`BlockManager.fork`); a beam not continued is
 freed at once, and the search's end or abort frees them all.
@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.beam_search import BeamSpec, Candidates, Hypothesis, advance, best
-from engine.request import EngineOutput, FinishReason, Request, RequestError
+from engine.beam.rows import BeamRows
+from engine.beam.search import BeamSpec, Candidates, advance, best
+from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError
+from engine.request import Request
 from engine.scheduler import ScheduledStep, Scheduler
 from sampling.params import SamplingParams
 
@@ -63,11 +65,13 @@ class BeamGroups:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.groups: dict[str, BeamGroup] = {}
+        self.sequence_groups: dict[Request, BeamGroup] = {}
+        """The search each live beam sequence runs a beam of."""
         self.waiting: deque[BeamGroup] = deque()
         self.reported: dict[str, BeamGroup] = {}
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, vocab_size: int) -> None:
-        """Queue a search (checked by the caller, `engine.beam_search.check_beam_params` included)."""
+        """Queue a search (checked by the caller, `engine.beam.params.check_beam_params` included)."""
         bias = None
         if params.allowed_token_ids is not None:
             bias = torch.full((vocab_size,), -torch.inf)
@@ -85,17 +89,35 @@ class BeamGroups:
             group = self.waiting.popleft()
             self.num_rows += group.spec.width
             root = Request(group.request_id, group.prompt_token_ids, BEAM_ROW_PARAMS)
-            root.beam = group
+            self.sequence_groups[root] = group
             root.slot = free.pop()
             group.spare_slots = [free.pop() for _ in range(group.spec.width - 1)]
             self.runner.add_request(root)
             group.sequences.append(root)
             self.scheduler.add(root)
 
+    def group_of(self, sequence: Request) -> BeamGroup | None:
+        """The search ``sequence`` runs a beam of; None for any other request (or a beam freed)."""
+        return self.sequence_groups.get(sequence)
+
+    def plan_rows(self, step: ScheduledStep) -> BeamRows | None:
+        """The beam sequences sampled in ``step`` and their rows, for the model runner (None: the step has none)."""
+        sequences, indices, groups, first = [], [], [], 0
+        for request, drafts in zip(step.sampled, step.draft_token_ids):
+            group = self.sequence_groups.get(request)
+            if group is not None:
+                sequences.append(request)
+                indices.append(step.logits_indices[first])
+                groups.append(group)
+            first += 1 + len(drafts)
+        if not sequences:
+            return None
+        return BeamRows(sequences, indices, [group.allowed_bias for group in groups], max(group.spec.num_candidates for group in groups))
+
     def report(self, sequence: Request, candidates: Candidates | None) -> None:
         """A beam's next-token candidates from the step just collected."""
-        group = sequence.beam
-        assert group is not None and candidates is not None
+        group = self.sequence_groups[sequence]
+        assert candidates is not None
         group.reports[id(sequence)] = candidates
         self.reported[group.request_id] = group
 
@@ -146,7 +168,7 @@ class BeamGroups:
         """A new sequence: the parent's tokens and ``token_id``, sharing the parent's blocks."""
         group.num_forks += 1
         child = Request(f"{group.request_id}#beam{group.num_forks}", group.prompt_token_ids, BEAM_ROW_PARAMS, [*parent.output_token_ids, token_id])
-        child.beam = group
+        self.sequence_groups[child] = group
         child.slot = group.spare_slots.pop()
         self.runner.add_request(child)
         self.scheduler.blocks.fork(parent, child)
@@ -159,6 +181,7 @@ class BeamGroups:
     def _free(self, group: BeamGroup, sequence: Request) -> None:
         """Drop a beam's sequence: its blocks to the pool, its row to the search's spares."""
         sequence.finished = True
+        del self.sequence_groups[sequence]
         slot, sequence.slot = sequence.slot, None
         assert slot is not None
         self.runner.remove_request(slot)
@@ -183,25 +206,3 @@ class BeamGroups:
         width = group.spec.width
         beams = best(group.spec, group.finished) if reason == FinishReason.STOP else [Hypothesis((), 0.0, (), reason)] * width
         return EngineOutput(group.request_id, [], len(group.prompt_token_ids), reason, beams=beams)
-
-
-def beam_rows(step: ScheduledStep) -> list[tuple[int, BeamGroup]]:
-    """The flat logits index and search of each beam sequence sampled in ``step``, in batch order."""
-    rows, first = [], 0
-    for request, drafts in zip(step.sampled, step.draft_token_ids):
-        if request.beam is not None:
-            rows.append((step.logits_indices[first], request.beam))
-        first += 1 + len(drafts)
-    return rows
-
-
-def candidate_tensors(logits: torch.Tensor, groups: list[BeamGroup]) -> list[torch.Tensor]:
-    """logits [B, V] of beam rows -> [token ids [B, k], logprobs [B, k]], k the widest search's count,
-    most probable first: the model's log-softmax over each search's allowed tokens."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    for row, group in enumerate(groups):
-        if group.allowed_bias is not None:
-            logprobs[row] = torch.log_softmax(logprobs[row] + group.allowed_bias, dim=-1)
-    k = min(max(group.spec.num_candidates for group in groups), logits.shape[-1])
-    top = logprobs.topk(k, dim=-1)
-    return [top.indices, top.values]

@@ -1,6 +1,6 @@
 """The KV block pool's bookkeeping: free blocks, reference counts, and the prefix cache.
 
-Pure Python over block ids; the tensors live in `engine.kv_cache.PagedKVCache`. A full
+Pure Python over block ids; the tensors live in `engine.kv.kv_cache.PagedKVCache`. A full
 block whose tokens are known is registered under its `hash_block` (a chain over the
 sequence's blocks so far), stays cached when its last holder lets go (reference count 0,
 evictable), and is handed to any later sequence whose prompt starts with the same blocks.

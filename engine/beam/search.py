@@ -17,56 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from engine.request import EngineOutput, FinishReason, TokenLogprobs
+from engine.outputs import FinishReason, Hypothesis, TokenLogprobs
 from sampling.params import SamplingParams
-
-SAMPLING_FIELDS_REFUSED: dict[str, object] = {
-    "top_p": 1.0,
-    "top_k": (0, -1),
-    "min_p": 0.0,
-    "typical_p": 1.0,
-    "xtc_probability": 0.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "dry_multiplier": 0.0,
-    "logit_bias": {},
-    "bad_words": [],
-    "min_tokens": 0,
-    "guidance_scale": 1.0,
-    "negative_prompt": None,
-    "prompt_logprobs": None,
-    "structured_outputs": None,
-}
-"""Fields beam search cannot honour, with the values that leave them off (a tuple: any of them).
-Beams are scored by the model's log-probabilities: nothing is drawn, so truncations mean nothing, and
-penalties and masks would need a state per beam. ``temperature`` and ``seed`` are ignored."""
-
-
-class BeamSearchParamError(ValueError):
-    """A request's beam-search fields conflict; ``param`` names the field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-
-
-def check_beam_params(params: SamplingParams) -> None:
-    """Raise `BeamSearchParamError` naming the first field that does not go with (or without) beam search."""
-    if not params.use_beam_search:
-        if params.length_penalty != 1.0:
-            raise BeamSearchParamError("length_penalty", "applies only to beam search (use_beam_search)")
-        if params.early_stopping is not False:
-            raise BeamSearchParamError("early_stopping", "applies only to beam search (use_beam_search)")
-        return
-    for name, off in SAMPLING_FIELDS_REFUSED.items():
-        value = getattr(params, name)
-        if value not in (off if isinstance(off, tuple) else (off,)):
-            raise BeamSearchParamError(name, f"cannot be combined with beam search (use_beam_search); leave it at {off!r}")
-    if params.top_n_sigma > 0:
-        raise BeamSearchParamError("top_n_sigma", "cannot be combined with beam search (use_beam_search)")
-    if params.num_speculative_tokens:
-        raise BeamSearchParamError("num_speculative_tokens", "cannot be combined with beam search (use_beam_search)")
 
 
 class Candidates(NamedTuple):
@@ -74,18 +26,6 @@ class Candidates(NamedTuple):
 
     token_ids: list[int]
     logprobs: list[float]
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """A beam: its generated tokens, their summed logprob, and why it ended (None: live)."""
-
-    token_ids: tuple[int, ...]
-    cumulative_logprob: float
-    logprobs: tuple[TokenLogprobs, ...] = ()
-    """One entry per token when the request asked for logprobs."""
-    finish_reason: FinishReason | None = None
-    stop_reason: int | None = None
 
 
 @dataclass(frozen=True)
@@ -214,25 +154,3 @@ def _no_better_to_come(spec: BeamSpec, best_live: Hypothesis, worst_kept: Hypoth
     else:
         attainable = score(spec, best_live)
     return score(spec, worst_kept) >= attainable
-
-
-def beam_choice_id(request_id: str, index: int) -> str:
-    """The id under which beam ``index`` of search ``request_id`` is reported as a choice of its own."""
-    return f"{request_id}/beam{index}"
-
-
-def beam_choice_outputs(output: EngineOutput) -> list[EngineOutput]:
-    """A search's final output (``output.beams`` set) as one finished output per beam, under `beam_choice_id`."""
-    assert output.beams is not None
-    return [
-        EngineOutput(
-            beam_choice_id(output.request_id, index),
-            list(beam.token_ids),
-            output.num_prompt_tokens,
-            beam.finish_reason,
-            beam.stop_reason,
-            logprobs=list(beam.logprobs) if beam.logprobs else None,
-            error=output.error,
-        )
-        for index, beam in enumerate(output.beams)
-    ]

@@ -18,7 +18,7 @@ class PagedKVCache:
     """keys[layer], values[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
 
     Block ``b`` holds ``block_size`` consecutive positions of whichever sequence's table lists
-    it (`engine.block_manager`); one more block, ``scratch_block``, belongs to no sequence: the
+    it (`engine.kv.block_manager`); one more block, ``scratch_block``, belongs to no sequence: the
     padding rows of a captured decode step write and read it (`engine.decode_graphs`). Zero-filled: attention reads whole blocks and masks the
     positions past a sequence's end, which must hold finite values. Position-major blocks
     (not head-major) make a gathered table a view as [B, L, KVH, D]: one copy per read.

@@ -3,24 +3,11 @@ and forks that share a parent's blocks copy-on-write (beam search)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from engine.block_pool import BlockHash, BlockPool, PoolExhaustedError, hash_block
-
-if TYPE_CHECKING:
-    from engine.request import Request
-
-
-@dataclass
-class SequenceBlocks:
-    """One sequence's blocks: ``block_ids[i]`` holds its positions ``[i * block_size, (i + 1) * block_size)``."""
-
-    block_ids: list[int] = field(default_factory=list)
-    hashes: list[BlockHash] = field(default_factory=list)
-    """Hash chain of the sequence's leading full blocks of known tokens (kept across preemption)."""
-    num_registered: int = 0
-    """Leading blocks of ``block_ids`` that are in the prefix cache."""
+from engine.kv.block_pool import BlockHash, BlockPool, PoolExhaustedError, hash_block
+from engine.kv.sequence_blocks import SequenceBlocks
+from engine.request import Request
 
 
 @dataclass
@@ -58,13 +45,14 @@ class BlockManager:
         """Blocks that hold ``num_positions`` positions."""
         return -(-num_positions // self.block_size)
 
-    def match_prefix(self, sequence: Request) -> int:
-        """Give a sequence without blocks the cached blocks its known tokens start with, as computed
-        tokens; return how many. Tokens whose logits are needed are left to compute (`Request.num_cacheable_tokens`)."""
+    def match_prefix(self, sequence: Request, num_cacheable: int) -> int:
+        """Give a sequence without blocks the cached blocks its first ``num_cacheable`` known tokens start
+        with, as computed tokens; return how many. Tokens whose logits are needed are left to compute
+        (`Scheduler.num_cacheable`)."""
         assert not sequence.kv.block_ids and sequence.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        for block_hash in self._hashes(sequence, sequence.num_cacheable_tokens // self.block_size):
+        for block_hash in self._hashes(sequence, num_cacheable // self.block_size):
             block = self.pool.take_cached(block_hash)
             if block is None:
                 break
