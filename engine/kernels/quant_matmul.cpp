@@ -80,13 +80,20 @@ void dequant_q8(const int8_t* q, const float* d, int64_t K, float* out) {
   }
 }
 
-// The lanes added as a fixed tree: halves, quarters, eighths, then the last two.
-inline float lane_sum(f32v v) {
-  typedef float f8 __attribute__((vector_size(32)));
-  typedef float f4 __attribute__((vector_size(16)));
-  f8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  f4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+typedef float f8v __attribute__((vector_size(32)));
+typedef float f4v __attribute__((vector_size(16)));
+
+// The lanes of each of ROWS (4) accumulators added as the same fixed tree, the four at once:
+// h8[i] = v[i] + v[i+8], h4[i] = h8[i] + h8[i+4], h2[i] = h4[i] + h4[i+2], sum = h2[0] + h2[1].
+inline f4v lane_sums(f32v a, f32v b, f32v c, f32v d) {
+  f32v ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  f32v cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  f32v h4 = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  f8v h2 = __builtin_shufflevector(h4, h4, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(h4, h4, 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(h2, h2, 0, 2, 4, 6) + __builtin_shufflevector(h2, h2, 1, 3, 5, 7);
 }
 
 // y[t, n0 + r] for NT tokens (x rows) and ROWS dequantized weight rows w.
@@ -101,8 +108,11 @@ void tile(const float* x, const float* w, int64_t K, float* y, int64_t N) {
       for (int64_t r = 0; r < ROWS; ++r) acc[t][r] += wv[r] * xv;
     }
   }
-  for (int64_t t = 0; t < NT; ++t)
-    for (int64_t r = 0; r < ROWS; ++r) y[t * N + r] = lane_sum(acc[t][r]);
+  static_assert(ROWS == 4, "lane_sums adds four rows' accumulators");
+  for (int64_t t = 0; t < NT; ++t) {
+    f4v sums = lane_sums(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    std::memcpy(y + t * N, &sums, sizeof(sums));
+  }
 }
 
 void tokens(const float* x, const float* w, int64_t K, float* y, int64_t N, int64_t count) {
