@@ -106,7 +106,8 @@ class ModelRunner:
     def _keep_quantized(self, checkpoint: Checkpoint) -> None:
         """Compute the checkpoint's 4-bit and 8-bit matrices from their blocks (`engine.models.quant_linear`)."""
         head_name = "embed_tokens.weight" if checkpoint.config.tie_word_embeddings else "lm_head.weight"
-        self.model.head_blocks = checkpoint.quantized.get(head_name)
+        head = checkpoint.quantized.get(head_name)
+        self.model.head_blocks = head if head is not None and head.shape[0] % 4 == 0 else None  # the kernel takes rows four at a time
         replaced = quantize_linears(self.model.layers, {name.removeprefix("layers."): w for name, w in checkpoint.quantized.items()})
         logger.info("%d linear layers%s compute from their quantized blocks", len(replaced), " and the output head" if self.model.head_blocks else "")
 
