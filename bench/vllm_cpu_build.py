@@ -72,12 +72,12 @@ def server_environment(threads: int, kv_cache_gib: int) -> dict[str, str]:
     }
 
 
-def wait_healthy(host: str, port: int, server: subprocess.Popen, log_path: Path, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Returns when ``/health`` answers 200; raises if the server exits or ``timeout_s`` passes."""
+def wait_healthy(host: str, port: int, server: subprocess.Popen, log_path: Path, timeout_s: float = START_TIMEOUT_S, name: str = "vLLM's API server") -> None:
+    """Returns when ``/health`` answers 200; raises (naming the server ``name``) if it exits or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"vLLM's API server exited with {server.returncode}; see {log_path}")
+            raise RuntimeError(f"{name} exited with {server.returncode}; see {log_path}")
         try:
             with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=5) as response:
                 if response.status == 200:
@@ -85,7 +85,7 @@ def wait_healthy(host: str, port: int, server: subprocess.Popen, log_path: Path,
         except OSError:
             pass
         time.sleep(1)
-    raise RuntimeError(f"vLLM's API server did not become healthy in {timeout_s} s; see {log_path}")
+    raise RuntimeError(f"{name} did not become healthy in {timeout_s} s; see {log_path}")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ class ServeArgs(RequestLimits):
     grammar_max_items_in_row: int = Field(2000, ge=1, description="Earley items in one row of a parse, kept per token (llguidance's max_items_in_row).")
     grammar_max_size: int = Field(500_000, ge=1, description="Symbols in a grammar's productions (llguidance's max_grammar_size).")
     engine_cpu_threads: int | None = Field(None, ge=1, description="Torch threads of an engine on the CPU; default every core of its node.")
+    quantized_weights: bool = Field(
+        True, description="On the CPU in float32, a GGUF's 4-bit and 8-bit matrices are multiplied through their blocks; false dequantizes them at load."
+    )
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_resource: str | None = Field(
         None, min_length=1, description="A custom Ray resource marking engine places, one engine per unit (accelerators Ray does not count as GPUs; tests)."
@@ -167,4 +170,5 @@ class ServeArgs(RequestLimits):
             max_constrained_rows=self.max_constrained_rows,
             max_beam_rows=self.max_beam_rows,
             cpu_threads=self.engine_cpu_threads,
+            quantized_weights=self.quantized_weights,
         )

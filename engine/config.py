@@ -52,6 +52,10 @@ class EngineConfig:
     ``max_beam_rows`` beams run at once (the others wait their turn); 0 refuses them. Either kind
     makes every step synchronous while it runs (see `EngineCore.step`), as speculation does.
 
+    ``quantized_weights``: on the CPU in float32, a GGUF's Q4_0/Q4_1/Q8_0 matrices stay in their
+    blocks and are multiplied through them (`engine.models.quant_linear`: the same weights, 4-5x
+    fewer bytes a step); False dequantizes them to float32 at load.
+
     On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
     may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).
 
@@ -81,6 +85,7 @@ class EngineConfig:
     max_constrained_rows: int = 64
     max_beam_rows: int = 64
     cpu_threads: int | None = None
+    quantized_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.cpu_threads is not None and self.cpu_threads < 1:

@@ -20,6 +20,7 @@ from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
 from engine.models.packed_linear import can_pack, pack_linears
+from engine.models.quant_linear import can_compute_quantized, quantize_linears
 from engine.outputs import TokenLogprobs
 from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request
@@ -89,6 +90,9 @@ class ModelRunner:
         self.model.rope.to(dtype=torch.float32)
         if can_pack(self.device, self.dtype):
             pack_linears(self.model.layers)
+        self.quantized = config.quantized_weights and can_compute_quantized(self.device, self.dtype, checkpoint.quantized)
+        if self.quantized:
+            self._keep_quantized(checkpoint)
         num_blocks = pool_num_blocks(config, checkpoint.config, self.dtype, self.device)
         self.kv_cache = PagedKVCache(checkpoint.config, num_blocks, config.block_size, self.dtype, self.device)
         self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)
@@ -101,6 +105,14 @@ class ModelRunner:
         self.paged_decode_kernel = self.device.type == "cuda"
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
+
+    def _keep_quantized(self, checkpoint: Checkpoint) -> None:
+        """Compute the checkpoint's 4-bit and 8-bit matrices from their blocks (`engine.models.quant_linear`)."""
+        head_name = "embed_tokens.weight" if checkpoint.config.tie_word_embeddings else "lm_head.weight"
+        head = checkpoint.quantized.get(head_name)
+        self.model.head_blocks = head if head is not None and head.shape[0] % 4 == 0 else None  # the kernel takes rows four at a time
+        replaced = quantize_linears(self.model.layers, {name.removeprefix("layers."): w for name, w in checkpoint.quantized.items()})
+        logger.info("%d linear layers%s compute from their quantized blocks", len(replaced), " and the output head" if self.model.head_blocks else "")
 
     @torch.inference_mode()
     def launch(

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tokenizers
@@ -19,6 +19,7 @@ from engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from engine.loader.gguf_weights import load_gguf_checkpoint, read_metadata
 from engine.loader.hf_folder import load_hf_checkpoint
 from engine.loader.random_weights import RANDOM_MODEL_SHAPES, random_weights
+from engine.models.quant_linear import QuantizedWeight
 from engine.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class Checkpoint:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: TextTokenizer
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    """The 4-bit and 8-bit blocks of a GGUF's quantized matrices, by weight name (their float32
+    values are in ``weights`` too); a CPU float32 model may compute with them (`engine.models.quant_linear`)."""
 
 
 def default_model_path() -> Path:
@@ -123,8 +127,8 @@ def gguf_text_tokenizer(meta: dict[str, object]) -> TextTokenizer:
 
 
 def _gguf(name: str, path: Path) -> Checkpoint:
-    config, meta, weights = load_gguf_checkpoint(path)
-    return Checkpoint(name=name, config=config, weights=weights, tokenizer=gguf_text_tokenizer(meta))
+    config, meta, weights, quantized = load_gguf_checkpoint(path)
+    return Checkpoint(name=name, config=config, weights=weights, tokenizer=gguf_text_tokenizer(meta), quantized=quantized)
 
 
 def _hf_folder(name: str, folder: Path) -> Checkpoint:

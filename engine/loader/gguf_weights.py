@@ -1,4 +1,5 @@
-"""Read a GGUF file: metadata, model config and dequantized weights under HF-style names."""
+"""Read a GGUF file: metadata, model config, dequantized weights under HF-style names, and the
+quantized blocks of its Q4_0/Q4_1/Q8_0 matrices (`engine.loader.gguf_blocks`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from engine.config import ModelConfig
+from engine.loader.gguf_blocks import quantized_weight
+from engine.models.quant_linear import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +115,14 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], dict[str, torch.Tensor]]:
-    """Config, metadata and float32 weights (HF names, HF rope layout) of a GGUF file."""
+def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+    """Config, metadata, float32 weights (HF names, HF rope layout) of a GGUF file, and the blocks
+    of its 4-bit and 8-bit matrices (the same names and row order) that a model may compute with."""
     reader = GGUFReader(path)
     meta = read_metadata(reader)
     config = config_from_metadata(meta)
     weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, QuantizedWeight] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
@@ -127,11 +132,14 @@ def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], di
             raise UnsupportedGGUFError(f"tensor {tensor.name} has unsupported type {tensor.tensor_type.name}")
         array = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a writable copy of the mmap
         value = torch.from_numpy(array)
-        if ".q_proj." in name:
-            value = unpermute_rope_rows(value, config.num_heads)
-        elif ".k_proj." in name:
-            value = unpermute_rope_rows(value, config.num_kv_heads)
+        blocks = quantized_weight(tensor)
+        heads = config.num_heads if ".q_proj." in name else config.num_kv_heads if ".k_proj." in name else None
+        if heads is not None:
+            value = unpermute_rope_rows(value, heads)
+            blocks = None if blocks is None else blocks.permute_rows(lambda rows, heads=heads: unpermute_rope_rows(rows, heads))
         weights[name] = value
+        if blocks is not None:
+            quantized[name] = blocks
     tied = "lm_head.weight" not in weights
     config = dataclasses.replace(config, tie_word_embeddings=tied)
-    return config, meta, weights
+    return config, meta, weights, quantized

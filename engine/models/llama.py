@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
+from engine.models.quant_linear import QuantizedWeight
 from engine.models.rope import RotaryEmbedding
 
 ARGMAX_VOCAB_CHUNK = 4096
@@ -115,6 +116,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(config, max_positions)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.head_blocks: QuantizedWeight | None = None
+        """The output weight's quantized blocks, when the model computes its logits through them (`engine.models.quant_linear`)."""
 
     @torch.inference_mode()
     def forward(
@@ -139,17 +142,23 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] (only the rows to sample) -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.output_weight).float()
+        return self.head_logits(hidden, 0, self.config.vocab_size).float()
+
+    def head_logits(self, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """hidden: [N, hidden] -> logits of vocabulary rows ``start:end`` [N, end - start], in the model's dtype."""
+        if self.head_blocks is not None:
+            return self.head_blocks.rows(start, end).matmul(hidden)
+        return F.linear(hidden, self.output_weight[start:end])
 
     @torch.inference_mode()
     def argmax_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> [N] int64, ``compute_logits(hidden).max(-1).indices`` (the first
         maximum) without the [N, vocab] logits: on the CPU, writing them out and reading them back
         costs more than the matmul, so the vocabulary goes ``ARGMAX_VOCAB_CHUNK`` rows at a time."""
-        weight = self.output_weight
-        best_values, best_ids = F.linear(hidden, weight[:ARGMAX_VOCAB_CHUNK]).float().max(dim=-1)
-        for start in range(ARGMAX_VOCAB_CHUNK, weight.shape[0], ARGMAX_VOCAB_CHUNK):
-            values, ids = F.linear(hidden, weight[start : start + ARGMAX_VOCAB_CHUNK]).float().max(dim=-1)
+        vocab = self.config.vocab_size
+        best_values, best_ids = self.head_logits(hidden, 0, ARGMAX_VOCAB_CHUNK).float().max(dim=-1)
+        for start in range(ARGMAX_VOCAB_CHUNK, vocab, ARGMAX_VOCAB_CHUNK):
+            values, ids = self.head_logits(hidden, start, min(start + ARGMAX_VOCAB_CHUNK, vocab)).float().max(dim=-1)
             better = values > best_values  # strictly: an earlier chunk keeps a tie
             best_values = torch.where(better, values, best_values)
             best_ids = torch.where(better, ids + start, best_ids)

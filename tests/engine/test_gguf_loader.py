@@ -164,3 +164,15 @@ def test_tiny_random_is_seeded():
     first, second = load_checkpoint("tiny-random"), load_checkpoint("tiny-random")
     assert first.weights.keys() == second.weights.keys()
     assert all(torch.equal(first.weights[k], second.weights[k]) for k in first.weights)
+
+
+def test_quantized_blocks_of_every_type_are_the_dequantized_weights(tiny_gguf):
+    """Q4_0, Q4_1 and Q8_0 blocks kept for the quantized kernel, q/k rows unpermuted like the float weights."""
+    path, expected = tiny_gguf
+    quantized = load_checkpoint(str(path)).quantized
+    quantized_names = {
+        f"layers.{layer}.{HF_NAMES[key]}.weight" for layer, types in enumerate(LAYER_TYPES) for key, qtype in types.items() if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+    }
+    assert set(quantized) == quantized_names | {"embed_tokens.weight"}
+    for name, blocks in quantized.items():
+        np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)

@@ -1,0 +1,182 @@
+// y[T, N] = x[T, K] @ W[N, K]^T for W stored as GGUF 4-bit or 8-bit blocks of 32 weights,
+// dequantized on the fly with float32 activations (see engine/models/quant_linear.py).
+//
+// Each row tile of ROWS weight rows is dequantized into a float32 buffer (exactly the values
+// gguf's dequantize gives: d*q is exact in float32, one rounding for + m), then every token of
+// the current token block is multiplied with it. Every output y[t, n] is the same sum in the
+// same order whatever T and whatever tile the token falls in: LANES partial sums over
+// k = LANES*j + lane in order of j, then the lanes added in order. So a row's output does not
+// depend on the other rows of the batch.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t LANES = 16;
+constexpr int64_t BLOCK = 32;
+constexpr int64_t ROWS = 4;
+constexpr int64_t TOKENS = 4;
+constexpr int64_t TOKEN_BLOCK = 64;
+
+typedef float f32v __attribute__((vector_size(LANES * 4)));
+typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
+typedef uint8_t u8v __attribute__((vector_size(LANES)));
+typedef int8_t i8v __attribute__((vector_size(LANES)));
+
+inline f32v load(const float* p) {
+  f32v v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, f32v v) { std::memcpy(p, &v, sizeof(v)); }
+
+// 16 bytes widened to 16 int32 lanes (GCC scalarizes __builtin_convertvector from bytes).
+inline i32v widen(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return (i32v)_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  u8v bytes;
+  std::memcpy(&bytes, p, sizeof(bytes));
+  return __builtin_convertvector(bytes, i32v);
+#endif
+}
+
+inline i32v widen(const int8_t* p) {
+#if defined(__AVX512F__)
+  return (i32v)_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  i8v bytes;
+  std::memcpy(&bytes, p, sizeof(bytes));
+  return __builtin_convertvector(bytes, i32v);
+#endif
+}
+
+// Row r of a 4-bit weight: K/2 bytes, block b's byte j holds weight j (low nibble) and j+16 (high).
+void dequant_q4(const uint8_t* q, const float* d, const float* m, int64_t K, float* out) {
+  for (int64_t b = 0; b < K / BLOCK; ++b) {
+    i32v wide = widen(q + b * (BLOCK / 2));
+    f32v lo = __builtin_convertvector(wide & 15, f32v);
+    f32v hi = __builtin_convertvector(wide >> 4, f32v);
+    store(out + b * BLOCK, lo * d[b] + m[b]);
+    store(out + b * BLOCK + LANES, hi * d[b] + m[b]);
+  }
+}
+
+// Row r of an 8-bit weight: K int8 values.
+void dequant_q8(const int8_t* q, const float* d, int64_t K, float* out) {
+  for (int64_t b = 0; b < K / BLOCK; ++b) {
+    for (int64_t half = 0; half < 2; ++half) {
+      store(out + b * BLOCK + half * LANES, __builtin_convertvector(widen(q + b * BLOCK + half * LANES), f32v) * d[b]);
+    }
+  }
+}
+
+typedef float f8v __attribute__((vector_size(32)));
+typedef float f4v __attribute__((vector_size(16)));
+
+// The lanes of each of ROWS (4) accumulators added as the same fixed tree, the four at once:
+// h8[i] = v[i] + v[i+8], h4[i] = h8[i] + h8[i+4], h2[i] = h4[i] + h4[i+2], sum = h2[0] + h2[1].
+inline f4v lane_sums(f32v a, f32v b, f32v c, f32v d) {
+  f32v ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  f32v cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  f32v h4 = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  f8v h2 = __builtin_shufflevector(h4, h4, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(h4, h4, 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(h2, h2, 0, 2, 4, 6) + __builtin_shufflevector(h2, h2, 1, 3, 5, 7);
+}
+
+// y[t, n0 + r] for NT tokens (x rows) and ROWS dequantized weight rows w.
+template <int64_t NT>
+void tile(const float* x, const float* w, int64_t K, float* y, int64_t N) {
+  f32v acc[NT][ROWS] = {};
+  for (int64_t k = 0; k < K; k += LANES) {
+    f32v wv[ROWS];
+    for (int64_t r = 0; r < ROWS; ++r) wv[r] = load(w + r * K + k);
+    for (int64_t t = 0; t < NT; ++t) {
+      f32v xv = load(x + t * K + k);
+      for (int64_t r = 0; r < ROWS; ++r) acc[t][r] += wv[r] * xv;
+    }
+  }
+  static_assert(ROWS == 4, "lane_sums adds four rows' accumulators");
+  for (int64_t t = 0; t < NT; ++t) {
+    f4v sums = lane_sums(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    std::memcpy(y + t * N, &sums, sizeof(sums));
+  }
+}
+
+void tokens(const float* x, const float* w, int64_t K, float* y, int64_t N, int64_t count) {
+  int64_t t = 0;
+  for (; t + TOKENS <= count; t += TOKENS) tile<TOKENS>(x + t * K, w, K, y + t * N, N);
+  switch (count - t) {
+    case 3: tile<3>(x + t * K, w, K, y + t * N, N); break;
+    case 2: tile<2>(x + t * K, w, K, y + t * N, N); break;
+    case 1: tile<1>(x + t * K, w, K, y + t * N, N); break;
+    default: break;
+  }
+}
+
+void check(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be [T, K] contiguous float32");
+  TORCH_CHECK(x.size(1) == K && K % BLOCK == 0, "K must match x and be a multiple of 32");
+  TORCH_CHECK(q.is_contiguous() && scales.is_contiguous() && scales.scalar_type() == torch::kFloat32, "weights must be contiguous");
+  TORCH_CHECK(q.size(0) % ROWS == 0 && scales.size(0) == q.size(0) && scales.size(1) == K / BLOCK, "N must be a multiple of 4");
+}
+
+template <typename Dequant>
+torch::Tensor matmul(const torch::Tensor& x, int64_t N, int64_t K, Dequant dequant) {
+  const int64_t T = x.size(0);
+  auto y = torch::empty({T, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+    const int64_t count = std::min(TOKEN_BLOCK, T - t0);
+    at::parallel_for(0, N / ROWS, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> w(ROWS * K);
+      for (int64_t tile_index = begin; tile_index < end; ++tile_index) {
+        const int64_t n0 = tile_index * ROWS;
+        for (int64_t r = 0; r < ROWS; ++r) dequant(n0 + r, w.data() + r * K);
+        tokens(xp + t0 * K, w.data(), K, yp + t0 * N + n0, N, count);
+      }
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
+// x: [T, K] float32; q: [N, K/2] uint8; scales, mins: [N, K/32] float32 -> [T, N] float32.
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor mins) {
+  const int64_t N = q.size(0), K = q.size(1) * 2;
+  check(x, q, scales, K);
+  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && mins.sizes() == scales.sizes() && mins.is_contiguous(), "bad 4-bit weight");
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float* dp = scales.data_ptr<float>();
+  const float* mp = mins.data_ptr<float>();
+  return matmul(x, N, K, [&](int64_t n, float* out) { dequant_q4(qp + n * (K / 2), dp + n * (K / BLOCK), mp + n * (K / BLOCK), K, out); });
+}
+
+// x: [T, K] float32; q: [N, K] int8; scales: [N, K/32] float32 -> [T, N] float32.
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales) {
+  const int64_t N = q.size(0), K = q.size(1);
+  check(x, q, scales, K);
+  TORCH_CHECK(q.scalar_type() == torch::kInt8, "bad 8-bit weight");
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* dp = scales.data_ptr<float>();
+  return matmul(x, N, K, [&](int64_t n, float* out) { dequant_q8(qp + n * K, dp + n * (K / BLOCK), K, out); });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_matmul", &q4_matmul, "x @ W.T for 4-bit blocks (scales, mins)");
+  m.def("q8_matmul", &q8_matmul, "x @ W.T for 8-bit blocks (scales)");
+}

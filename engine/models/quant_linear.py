@@ -1,0 +1,95 @@
+"""Linear layers that keep a GGUF's 4-bit or 8-bit blocks and multiply through them.
+
+A Q4_0/Q4_1 weight [N, K] is kept as its nibbles ``q`` [N, K/2] uint8 (block b of row n in bytes
+16b..16b+15: weight 32b+j in the low nibble of byte j, 32b+16+j in the high one) with a scale and
+a minimum per block of 32, ``scales``/``mins`` [N, K/32] float32: ``w = scale * q + min`` (Q4_0 has
+``min = -8 * scale``); a Q8_0 weight as ``q`` [N, K] int8 and ``scales``: ``w = scale * q``. These
+are exactly the float32 values gguf's ``dequantize`` gives (``scale * q`` is exact in float32), so
+the kernel (`engine.kernels.quant_matmul`) computes the dequantized float32 matmul in another
+summation order, reading 0.75 (4-bit) or 1.125 (8-bit) bytes a weight instead of 4. Its order
+per output does not depend on the batch: a row's result is the same alone and among others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.kernels import quant_matmul
+
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [N, K] weight as blocks: ``q`` [N, K/2] uint8 (4-bit) or [N, K] int8 (8-bit), ``scales`` and ``mins`` (4-bit only) [N, K/32] float32."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.scales.shape[1] * BLOCK
+
+    def rows(self, start: int, end: int) -> QuantizedWeight:
+        """Rows ``start:end`` of the weight (views)."""
+        return QuantizedWeight(self.q[start:end], self.scales[start:end], None if self.mins is None else self.mins[start:end])
+
+    def permute_rows(self, permute) -> QuantizedWeight:  # noqa: ANN001 - a function of a [N, ...] tensor
+        """The weight with its rows reordered by ``permute`` (as the loader reorders q/k rows)."""
+        return QuantizedWeight(*(None if t is None else permute(t).contiguous() for t in (self.q, self.scales, self.mins)))
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32, as gguf's ``dequantize`` gives it (for tests)."""
+        n, k = self.shape
+        if self.mins is None:
+            values = self.q.float().view(n, k // BLOCK, BLOCK) * self.scales[..., None]
+        else:
+            low, high = (self.q & 15).view(n, k // BLOCK, BLOCK // 2), (self.q >> 4).view(n, k // BLOCK, BLOCK // 2)
+            values = torch.cat([low, high], dim=-1).float() * self.scales[..., None] + self.mins[..., None]
+        return values.reshape(n, k)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] float32 -> x @ W.T [T, N] float32."""
+        kernel = quant_matmul.load()
+        x = x.contiguous()
+        if self.mins is None:
+            return kernel.q8_matmul(x, self.q, self.scales)
+        return kernel.q4_matmul(x, self.q, self.scales, self.mins)
+
+
+def can_compute_quantized(device: torch.device, dtype: torch.dtype, weights: dict[str, QuantizedWeight]) -> bool:
+    """Whether the model can keep ``weights`` quantized: on the CPU in float32, where the kernel builds."""
+    return bool(weights) and device.type == "cpu" and dtype == torch.float32 and quant_matmul.load() is not None
+
+
+class QuantLinear(nn.Module):
+    """``F.linear(x, W, bias)`` for a `QuantizedWeight` W."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight_blocks = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, in] float32 -> [T, out]."""
+        out = self.weight_blocks.matmul(x)
+        return out if self.bias is None else out + self.bias
+
+
+def quantize_linears(model: nn.Module, weights: dict[str, QuantizedWeight]) -> list[str]:
+    """Replace each ``nn.Linear`` of ``model`` whose weight (``<module>.weight``) ``weights`` holds
+    by a `QuantLinear` of it (its float32 weight freed); returns the names replaced."""
+    replaced = []
+    for name, module in list(model.named_modules()):
+        weight = weights.get(f"{name}.weight")
+        if weight is None or not isinstance(module, nn.Linear) or weight.shape != tuple(module.weight.shape) or weight.shape[0] % 4:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, QuantLinear(weight, module.bias))
+        replaced.append(name)
+    return replaced

@@ -1,0 +1,101 @@
+"""The quantized matmul kernel: the dequantized float32 product in another summation order, the
+same for a row whatever else is in the batch, and the default model unchanged by it (logits within
+float32 tolerance of the dequantized path, the same greedy text on the README's prompts)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.generate import generate
+from engine.kernels import quant_matmul
+from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
+from engine.models.quant_linear import QuantizedWeight
+from sampling.params import SamplingParams
+
+pytestmark = pytest.mark.skipif(quant_matmul.load() is None, reason="the kernel cannot be built here (no C++ compiler)")
+
+LOGITS_ATOL = 1e-3
+"""As tests/engine/test_reference_logits.py: float32 in another summation order over 30 layers."""
+README_PROMPTS = ["The capital of France is", "What is the capital of France?"]
+
+
+def random_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.rand(rows, cols // 32, generator=generator).half().float() * 0.02
+    if kind == "q8_0":
+        return QuantizedWeight(torch.randint(-128, 128, (rows, cols), generator=generator, dtype=torch.int8), scales, None)
+    nibbles = torch.randint(0, 256, (rows, cols // 2), generator=generator, dtype=torch.uint8)
+    mins = -8 * scales if kind == "q4_0" else -torch.rand(rows, cols // 32, generator=generator).half().float() * 0.1
+    return QuantizedWeight(nibbles, scales, mins)
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("shape", [(64, 96), (576, 1536), (1536, 576)])
+def test_matches_the_dequantized_float32_product(kind, shape):
+    weight = random_weight(kind, *shape)
+    x = torch.randn(70, shape[1], generator=torch.Generator().manual_seed(1))
+    expected = F.linear(x, weight.dequantize())
+    torch.testing.assert_close(weight.matmul(x), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_a_row_is_the_same_alone_and_in_any_batch(kind):
+    weight = random_weight(kind, 576, 1536)
+    x = torch.randn(300, 1536, generator=torch.Generator().manual_seed(2))
+    batched = weight.matmul(x)  # several token blocks and tiles, with remainders
+    for size in (1, 3, 64):
+        assert torch.equal(weight.matmul(x[:size]), batched[:size])
+    alone = torch.cat([weight.matmul(x[index : index + 1]) for index in range(64)])
+    assert torch.equal(alone, batched[:64])
+    assert torch.equal(weight.matmul(x[131:132]), batched[131:132])
+
+
+def test_rows_of_the_weight_are_views_of_the_same_product():
+    weight = random_weight("q8_0", 256, 64)
+    x = torch.randn(5, 64)
+    assert torch.equal(weight.rows(64, 128).matmul(x), weight.matmul(x)[:, 64:128])
+
+
+def test_the_default_models_blocks_are_its_float32_weights(smollm_checkpoint):
+    assert len(smollm_checkpoint.quantized) == 211  # 7 matrices in each of 30 layers, and the tied embedding (Q8_0)
+    for name, weight in smollm_checkpoint.quantized.items():
+        assert torch.equal(weight.dequantize(), smollm_checkpoint.weights[name]), name
+
+
+@pytest.fixture(scope="module")
+def engines(smollm_checkpoint) -> tuple[EngineCore, EngineCore]:
+    config = EngineConfig(max_num_seqs=1, max_model_len=256)
+    quantized, dequantized = (
+        EngineCore(config, smollm_checkpoint),
+        EngineCore(EngineConfig(max_num_seqs=1, max_model_len=256, quantized_weights=False), smollm_checkpoint),
+    )
+    assert quantized.runner.quantized and not dequantized.runner.quantized
+    return quantized, dequantized
+
+
+def logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
+    runner = engine.runner
+    chunk = ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))
+    meta = build_attention_metadata([chunk], runner.kv_cache.block_size, runner.device)
+    return runner.model.compute_logits(runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values))
+
+
+@pytest.mark.parametrize("prompt", README_PROMPTS)
+def test_logits_stay_within_float32_tolerance_of_the_dequantized_path(engines, prompt):
+    quantized, dequantized = engines
+    ids = quantized.tokenizer.encode(prompt)
+    ours, reference = logits(quantized, ids), logits(dequantized, ids)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=LOGITS_ATOL)
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("prompt", README_PROMPTS)
+def test_greedy_text_is_the_dequantized_paths(engines, prompt):
+    quantized, dequantized = engines
+    ids = quantized.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if prompt.endswith("?") else quantized.tokenizer.encode(prompt)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    assert generate(quantized, ids, params) == generate(dequantized, ids, params)
