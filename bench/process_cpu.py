@@ -77,7 +77,7 @@ def cpu_used(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, f
     between counts from zero; one that ended in between is left out (its last reading is lost)."""
     used = dict.fromkeys(KINDS, 0.0)
     for pid, (kind, seconds) in after.items():
-        used[kind] += seconds - before[pid][1] if pid in before else seconds
+        used[kind] = used.get(kind, 0.0) + (seconds - before[pid][1] if pid in before else seconds)
     return used
 
 
