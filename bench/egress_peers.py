@@ -176,11 +176,17 @@ def main(argv: list[str] | None = None) -> None:
         "load_average_after": round(os.getloadavg()[0], 2),
         "wall_s": round(time.monotonic() - started),
     }
-    print_table(rows)
-    print()
-    print_table(ratios)
     path = write_results("egress_peers", rows, RESULTS_DIR / "egress_peers_quick.json" if args.quick else None, **summary)
+    print_rows(rows, ratios)
     print(f"wrote {path}")
+
+
+def print_rows(rows: list[dict[str, object]], ratios: list[dict[str, object]]) -> None:
+    """A table per server (their process kinds differ), then the ratios."""
+    for server in PROCESS_GROUPS:
+        print_table([row for row in rows if row["server"] == server])
+        print()
+    print_table(ratios)
 
 
 if __name__ == "__main__":

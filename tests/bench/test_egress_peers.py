@@ -3,7 +3,7 @@ starting a server: the front's µs per token, the per-kind split, the ratios, th
 
 from __future__ import annotations
 
-from bench.egress_peers import SPOUT, VLLM, front_ratios, level_row, rounds
+from bench.egress_peers import SPOUT, VLLM, front_ratios, level_row, print_rows, rounds
 from bench.load_client import StreamResult
 
 
@@ -34,3 +34,4 @@ def test_rows_split_cpu_per_token_and_compare_with_vllm():
 
     ratios = front_ratios([spout, vllm])
     assert ratios == [{"concurrency": 2, "front_cpu_spout_over_vllm": 0.5, "tokens_per_s_spout_over_vllm": 2.0}]
+    print_rows([spout, vllm], ratios)  # a table per server: their columns differ
