@@ -260,9 +260,9 @@ def choice_json(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int
     logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
     if calls is None:
         echoed = echo_text if fmt.echo_logprobs is not None and delta.prompt_logprobs is not None else ""
-        return fmt.choice_json(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs)
+        return fmt.choice_json(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs=logprobs)
     text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
-    return fmt.choice_json(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs, tool_calls=new_calls)
+    return fmt.choice_json(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs=logprobs, tool_calls=new_calls)
 
 
 def choice_logprobs(fmt: ResponseFormat, generated: list[LogprobEntry] | None, prompt: PromptLogprobEntries | None, offset: int) -> dict[str, object] | None:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from json.encoder import encode_basestring
+from typing import Any
 
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries, chat_logprobs, completion_logprobs, echo_entries, vllm_prompt_logprobs
 from deployments.openai.tool_calls import ToolCallOutput
@@ -74,19 +75,11 @@ class ResponseFormat:
         """What a plain choice's JSON has before its index, and between its index and its text."""
         return ('{"index":', ',"delta":{"content":') if self.chat else ('{"index":', ',"text":')
 
-    def choice_json(
-        self,
-        index: int,
-        text: str,
-        finish_reason: str | None,
-        stop_reason: int | str | None,
-        logprobs: dict[str, object] | None = None,
-        tool_calls: list[ToolCallDelta] | None = None,
-    ) -> str:
-        """``chunk_choice(...)`` as JSON; a choice of text alone (a stream's common frame) is written from a
-        template, only its text encoded."""
-        if logprobs is not None or tool_calls:
-            return _JSON.encode(self.chunk_choice(index, text, finish_reason, stop_reason, logprobs, tool_calls=tool_calls))
+    def choice_json(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, **extra: Any) -> str:
+        """``chunk_choice(index, text, finish_reason, stop_reason, **extra)`` as JSON; a choice of text alone (a
+        stream's common frame: no ``logprobs``, no ``tool_calls``) is written from a template, only its text encoded."""
+        if extra.get("logprobs") is not None or extra.get("tool_calls") or extra.get("role"):
+            return _JSON.encode(self.chunk_choice(index, text, finish_reason, stop_reason, **extra))
         head, middle = self._text_choice_head
         close = "}," if self.chat else ","
         finish = "null" if finish_reason is None else _JSON.encode(finish_reason)

@@ -66,3 +66,7 @@ def test_a_choice_written_from_the_template_is_the_json_of_the_choice(text: str,
     encoded = fmt.choice_json(index, text, finish, stop_reason)
     assert json.loads(encoded) == fmt.chunk_choice(index, text, finish, stop_reason)
     assert fmt.encoded_chunk_frame([encoded]) == fmt.chunk_frame([fmt.chunk_choice(index, text, finish, stop_reason)])
+    with_logprobs = {"tokens": [text], "token_logprobs": [-0.5], "top_logprobs": None, "text_offset": [0]}
+    assert json.loads(fmt.choice_json(index, text, finish, stop_reason, logprobs=with_logprobs)) == fmt.chunk_choice(
+        index, text, finish, stop_reason, with_logprobs
+    )
