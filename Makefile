@@ -35,7 +35,7 @@ stop: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 lint: install
 	$(VENV)/bin/ruff check --fix .

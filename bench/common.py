@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
 from pathlib import Path
 
 import torch
-import triton
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -21,12 +21,20 @@ def machine_info() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": _version("triton"),
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
         info["cuda"] = torch.version.cuda
     return info
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version; None where it is not installed (Triton: the ``cuda`` extra)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def device_label(device: torch.device) -> str:

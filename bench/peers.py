@@ -10,7 +10,7 @@ at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 stream
   computes on: the engine process's threads that used at least half the busiest one's CPU during
   the largest level;
 - the same app with ``dtype=bfloat16`` (AMX matmuls on CPUs that have them; not the CPU
-  default, see the README);
+  default, see docs/engine.md);
 - ``llama-server`` on the same GGUF (`default_model_path`) with continuous batching and a
   unified KV pool: ``--parallel 64 -c 16384 --kv-unified``, with that many threads
   (``-t``/``-tb``; llama.cpp's threads spin while they wait, so more would take cores

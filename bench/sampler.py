@@ -1,8 +1,14 @@
 """Sampler latency: ours against a sort-based torch reference, on the same logits.
 
 ``python -m bench.sampler [--quick] [--device D] [--batch B ...] [--vocab V ...] [--budget-s S] [--out PATH]``
-prints a table and writes bench/results/sampler.json (or ``--out``) with rows {device, batch, vocab, config, ours_ms, reference_ms},
-torch's intra-op thread count and the machine's quietness (load average when it began).
+prints a table and writes bench/results/sampler.json (or ``--out``) with rows {device, batch, vocab, config, ours_ms, reference_ms,
+kernel, passes_mean, passes_max, counted_passes_mean}, torch's intra-op thread count and the machine's quietness (load
+average when it began).
+
+The pass columns are the Triton kernel's reads of [B, V] per row (`bench.sampler_passes`): on the CPU the kernel
+runs under ``TRITON_INTERPRET=1`` on the first ``--pass-rows`` rows (a row's passes do not depend on the others)
+and its loads are counted; on CUDA every row reports its own count. ``ours_ms`` is the CPU's torch path on the
+CPU and the Triton path on CUDA.
 
 The reference is what vLLM runs without FlashInfer or its Triton top-k/top-p: penalties
 from per-step bin counts, temperature, min-p, a full sort of the vocabulary for
@@ -20,11 +26,13 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bench.common import print_table, quietness, write_results
+from bench.sampler_passes import interpreter_ready, kernel_passes
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -33,6 +41,7 @@ BATCHES = (1, 32, 256)
 VOCABS = (49152, 128256, 151936)
 PROMPT_LEN = 64
 HISTORY = 32
+PASS_ROWS = 8
 
 
 def config_params(name: str, row: int) -> SamplingParams:
@@ -141,7 +150,23 @@ def time_ms(fn: Callable[[], object], device: torch.device, min_reps: int, budge
     return min(times)
 
 
-def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, budget_s: float) -> dict[str, object]:
+@dataclass
+class Setup:
+    """One configuration's inputs: B requests with a prompt and HISTORY sampled tokens each, and their logits."""
+
+    params: list[SamplingParams]
+    prompts: torch.Tensor
+    """[B, PROMPT_LEN] int64."""
+    outputs: torch.Tensor
+    """[B, HISTORY] int64."""
+    batch: SamplingBatch
+    rows: torch.Tensor
+    """[B] int64."""
+    logits: torch.Tensor
+    """[B, V] float32."""
+
+
+def setup(batch_size: int, vocab: int, config: str, device: torch.device) -> Setup:
     params = [config_params(config, r) for r in range(batch_size)]
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, vocab, (batch_size, PROMPT_LEN), generator=g).to(device)
@@ -152,11 +177,17 @@ def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, bu
     rows = torch.arange(batch_size, device=device)
     for t in range(HISTORY):
         batch.record(rows, outputs[:, t])
-    logits = lm_like_logits(batch_size, vocab, device)
+    return Setup(params, prompts, outputs, batch, rows, lm_like_logits(batch_size, vocab, device))
+
+
+def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, budget_s: float, pass_rows: int) -> dict[str, object]:
+    s = setup(batch_size, vocab, config, device)
     sampler = Sampler()
-    reference = reference_sampler(params, prompts, outputs)
-    ours_ms = time_ms(lambda: sampler(logits, rows, batch), device, 3, budget_s)
-    reference_ms = time_ms(lambda: reference(logits), device, 3, budget_s)
+    reference = reference_sampler(s.params, s.prompts, s.outputs)
+    ours_ms = time_ms(lambda: sampler(s.logits, s.rows, s.batch), device, 3, budget_s)
+    reference_ms = time_ms(lambda: reference(s.logits), device, 3, budget_s)
+    counted = s if device.type == "cuda" else setup(min(batch_size, pass_rows), vocab, config, device)
+    passes = kernel_passes(counted.logits, counted.rows, counted.batch) if pass_rows > 0 else {}
     return {
         "device": str(device),
         "batch": batch_size,
@@ -164,6 +195,7 @@ def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, bu
         "config": config,
         "ours_ms": round(ours_ms, 3),
         "reference_ms": round(reference_ms, 3),
+        **passes,
     }
 
 
@@ -185,8 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", nargs="+", type=int, default=None, help=f"default {VOCABS} (quick: 49152)")
     parser.add_argument("--budget-s", type=float, default=None, help="seconds of timed runs per measurement after 3 (default 1, quick 0.2)")
     parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/sampler.json)")
+    parser.add_argument("--pass-rows", type=int, default=PASS_ROWS, help=f"rows whose kernel passes are counted on the CPU (default {PASS_ROWS}; 0: none)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    pass_rows = args.pass_rows if interpreter_ready() else 0
     load_before = os.getloadavg()[0]
     batches = args.batch or ((1, 32) if args.quick else BATCHES)
     vocabs = args.vocab or ((49152,) if args.quick else VOCABS)
@@ -195,11 +229,12 @@ def main(argv: list[str] | None = None) -> None:
     for vocab in vocabs:
         for batch_size in batches:
             for config in CONFIGS:
-                row = bench_one(batch_size, vocab, config, device, budget_s)
+                row = bench_one(batch_size, vocab, config, device, budget_s, pass_rows)
                 rows.append(row)
                 speedup = row["reference_ms"] / row["ours_ms"]  # type: ignore[operator]
                 print(f"{config:>16} batch {batch_size:>3} vocab {vocab:>6}: ours {row['ours_ms']:9.2f} ms, "
-                      f"reference {row['reference_ms']:9.2f} ms ({speedup:.1f}x)", flush=True)  # fmt: skip
+                      f"reference {row['reference_ms']:9.2f} ms ({speedup:.1f}x), kernel passes "
+                      f"{row.get('passes_mean')} (max {row.get('passes_max')})", flush=True)  # fmt: skip
     print()
     print_table([{**r, "speedup": round(r["reference_ms"] / r["ours_ms"], 2)} for r in rows])  # type: ignore[operator]
     extra = {
@@ -208,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         "budget_s": budget_s,
         "logits": "Zipf(1.5) profile + N(0, 0.5) noise",
         "threads": torch.get_num_threads(),
+        "pass_rows": pass_rows if device.type == "cpu" else "all",
         **quietness(load_before),
     }
     path = write_results("sampler", rows, args.out, **extra)

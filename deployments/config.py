@@ -25,12 +25,12 @@ class ServeArgs(RequestLimits):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = DEFAULT_MODEL
+    model: str = Field(DEFAULT_MODEL, description="smollm2-135m-instruct, tiny-random, a .gguf file or a Hugging Face folder (see docs/engine.md).")
     served_model_name: str | None = Field(None, description="The name clients use; defaults to `model`.")
-    dtype: str | None = None
+    dtype: str | None = Field(None, description="Weights' dtype; default float32 on CPU, bfloat16 on CUDA.")
     max_num_seqs: int = Field(256, ge=1, description="Sequences an engine runs at once; the KV cache's size bounds them too.")
-    max_model_len: int = Field(2048, ge=2)
-    max_num_batched_tokens: int = Field(512, ge=1)
+    max_model_len: int = Field(2048, ge=2, description="Context positions per sequence (at most the KV cache's).")
+    max_num_batched_tokens: int = Field(512, ge=1, description="Tokens per engine step: decode tokens and prefill chunks.")
     kv_cache_memory: int | None = Field(
         None,
         gt=0,
@@ -39,8 +39,8 @@ class ServeArgs(RequestLimits):
     )
     enable_prefix_caching: bool = Field(True, description="Keep the KV blocks of finished prompts for later prompts that start with them.")
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
-    prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE)
-    prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE)
+    prompt_lookup_min: int = Field(2, ge=1, le=MAX_NGRAM_SIZE, description="Shortest n-gram prompt lookup matches.")
+    prompt_lookup_max: int = Field(4, ge=1, le=MAX_NGRAM_SIZE, description="Longest n-gram prompt lookup matches.")
     grammar_cache_size: int = Field(256, ge=1, description="Compiled structured-output grammars each engine keeps (least recently used dropped).")
     max_queued_grammar_compiles: int = Field(
         16, ge=1, description="Uncached grammars an engine compiles or queues at once (the choices of a request share one); more get 503."
@@ -48,7 +48,7 @@ class ServeArgs(RequestLimits):
     max_client_grammar_compiles: int = Field(
         4,
         ge=1,
-        description="Of those, how many one client (by the address the ingress sees; behind HAProxy every client shares one) may bring; more get 429.",
+        description="Of those, how many one client (by its address: behind make run's HAProxy, the one HAProxy forwards) may bring; more get 429.",
     )
     grammar_compile_timeout_s: float = Field(
         10.0, gt=0, description="A compile that runs longer fails its requests (400); the grammar is then refused at once until it leaves the cache's memory."
@@ -68,14 +68,14 @@ class ServeArgs(RequestLimits):
     )
     detok_resource: str | None = Field(None, min_length=1, description="A custom Ray resource the nodes for detokenizer replicas offer (e.g. CPU-only nodes).")
     ingress_resource: str | None = Field(None, min_length=1, description="A custom Ray resource marking ingress places, one ingress replica per unit.")
-    detok_min_replicas: int = Field(0, ge=0, description="Detokenizer replicas kept running; at least 1 when steps go to the pool.")
-    detok_max_replicas: int = Field(2, ge=1)
+    detok_min_replicas: int = Field(0, ge=0, description="Fewest detokenizer pool replicas; at least 1 when steps go to the pool.")
+    detok_max_replicas: int = Field(2, ge=1, description="Most detokenizer pool replicas.")
     detok_tokens_per_call: int = Field(
         256, ge=1, description="A step's pool batch is split into calls of at most this many new tokens; the pool scales to one replica per call."
     )
-    detok_upscale_delay_s: float = Field(2.0, ge=0)
-    detok_downscale_delay_s: float = Field(30.0, ge=0)
-    ingress_replicas: int = Field(1, ge=1)
+    detok_upscale_delay_s: float = Field(2.0, ge=0, description="Seconds the pool waits before adding a replica.")
+    detok_downscale_delay_s: float = Field(30.0, ge=0, description="Seconds the pool waits before removing a replica.")
+    ingress_replicas: int = Field(1, ge=1, description="HTTP ingress replicas; each subscribes to every engine (about one per 20,000 tokens/s).")
     inline_detok_threshold: int = Field(
         DETOK_INLINE_ALWAYS,
         ge=0,
@@ -93,8 +93,14 @@ class ServeArgs(RequestLimits):
         description="A request that receives no output for this long (queued, or its engine's messages lost) fails with 504 "
         "stream_timeout (an error frame when streamed) and its engine requests are aborted. Keep it above the longest queue wait you accept.",
     )
+    default_max_tokens: int | None = Field(
+        4096,
+        ge=1,
+        description="Tokens a chat completion generates at most when the request sets neither max_tokens nor max_completion_tokens "
+        "(never fewer than its min_tokens); null: until the context is full, as vLLM does. Completions keep OpenAI's default of 16.",
+    )
     api_key: SecretStr | None = Field(None, description=f"When set, every route but /health requires it; {API_KEY_ENV} sets it from the environment.")
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Request body bytes, enforced while reading; larger bodies get 413.")
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
     tool_call_parser: str = Field("hermes", description=f"How tool_choice 'auto' finds the model's tool calls in its text; one of {sorted(TOOL_CALL_PARSERS)}.")
 

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
         serve_app(app, args.host, args.port)
         wait_while_launcher_runs()
     finally:
+        # Stopping now: the launcher's SIGTERM (it sees the raylet end) must not replace an error on
+        # its way out with a silent SystemExit(0).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         ray.shutdown()
 
 

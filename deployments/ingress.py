@@ -23,10 +23,10 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
 from deployments.health import SharedCheck
+from deployments.in_flight import ChoiceReservations, Reservation
 from deployments.limits import (
     check_context_length,
     check_echo,
-    check_in_flight,
     check_messages,
     check_prompt_logprobs,
     check_prompts,
@@ -43,6 +43,7 @@ from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
+from deployments.peers import behind_haproxy, client_address, local_addresses
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
 from engine.prompt_length import PromptTooLong
@@ -137,11 +138,6 @@ def application_running(app_name: str) -> bool:
     return status is not None and status.status != ApplicationStatus.DELETING
 
 
-def client_address(request: Request) -> str:
-    """Who sent ``request``, as far as the ingress can tell: the peer's address (behind HAProxy, HAProxy's, the same for every client)."""
-    return request.client.host if request.client is not None else ""
-
-
 class Ingress:
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -158,6 +154,9 @@ class Ingress:
         self.engine_client: asyncio.Task[EngineClient] | None = None
         self.max_model_len: int | None = None
         self.health_check = SharedCheck(self._check_engines, HEALTH_MAX_AGE_S)
+        self.in_flight = ChoiceReservations()
+        self.trust_local_proxy = behind_haproxy()
+        self.local_addresses = local_addresses()
 
     def __del__(self) -> None:
         """Serve calls this when the replica stops: when the application is being deleted (or Serve
@@ -246,13 +245,13 @@ class Ingress:
         body: CompletionRequest | ChatCompletionRequest,
         params: SamplingParams,
         echo: bool,
+        reservation: Reservation,
     ) -> Response:
-        """Submit the choices, then answer with their stream or their whole response."""
+        """Submit the choices, then answer with their stream or their whole response (the router
+        counts the choices from then on, so their reservation ends)."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
-        # Checked again with no await before `submit` registers the choices, so that requests
-        # whose prompts were encoded at the same time cannot together pass the limit.
-        check_in_flight(self.args, len(client.router.streams), len(prompts) * params.n)
-        submission = await client.submit(fmt, prompts, params, echo, client_address(request))
+        submission = await client.submit(fmt, prompts, params, echo, client_address(request, self.trust_local_proxy, self.local_addresses))
+        reservation.release()
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
         return JSONResponse(await client.collect(submission))
@@ -268,21 +267,21 @@ class Ingress:
         client = await self._ready()
         assert self.max_model_len is not None
         check_prompts(self.args, texts_or_ids, self.max_model_len)
-        check_in_flight(self.args, len(client.router.streams), choices)
-        try:
-            prompts = await self.encoder.prompts(texts_or_ids, max_tokens=self.max_model_len - 1)
-        except PromptTooLong as error:
-            raise self._too_long(error, "prompt") from error
-        for prompt in prompts:
-            self._check_prompt(prompt, "prompt")
-        fmt = ResponseFormat.new(
-            f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
-        )
-        return await self._submit(request, client, fmt, prompts, body, params, echo=body.echo)
+        with self.in_flight.reserve(self.args, len(client.router.streams), choices) as reservation:
+            try:
+                prompts = await self.encoder.prompts(texts_or_ids, max_tokens=self.max_model_len - 1)
+            except PromptTooLong as error:
+                raise self._too_long(error, "prompt") from error
+            for prompt in prompts:
+                self._check_prompt(prompt, "prompt")
+            fmt = ResponseFormat.new(
+                f"cmpl-{uuid.uuid4().hex}", self.args.model_name, chat=False, prompt_logprobs=body.asked_prompt_logprobs, echo_logprobs=body.echo_logprobs
+            )
+            return await self._submit(request, client, fmt, prompts, body, params, body.echo, reservation)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
-        params = body.sampling_params()
+        params = body.sampling_params(self.args.default_max_tokens)
         text_bytes = check_messages(self.args, body.client_texts(), len(body.messages), len(body.tools or []))
         schema = tool_call_schema(body)
         if schema is not None:  # the tool call is then the output's only constraint
@@ -292,18 +291,20 @@ class Ingress:
         await self._check_constraint(params, structured_param)
         messages, tools = template_messages(body.messages, body.offered_tools, self.tokenizer.template_takes_tools)
         client = await self._ready()
-        check_in_flight(self.args, len(client.router.streams), params.n)
         assert self.max_model_len is not None
-        try:
-            prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
-        except ChatTemplateError as error:
-            raise APIError(400, str(error), param="messages") from error
-        except PromptTooLong as error:
-            raise self._too_long(error, "messages") from error
-        self._check_prompt(prompt, "messages")
-        calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
-        fmt = ResponseFormat.new(f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs)
-        return await self._submit(request, client, fmt, [prompt], body, params, echo=False)
+        with self.in_flight.reserve(self.args, len(client.router.streams), params.n) as reservation:
+            try:
+                prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
+            except ChatTemplateError as error:
+                raise APIError(400, str(error), param="messages") from error
+            except PromptTooLong as error:
+                raise self._too_long(error, "messages") from error
+            self._check_prompt(prompt, "messages")
+            calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
+            fmt = ResponseFormat.new(
+                f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs
+            )
+            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

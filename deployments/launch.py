@@ -11,6 +11,9 @@ and stops everything that carries the mark however it is told to stop:
 - The driver exits or Ray's GCS or raylet ends (``ray stop``, a crash): the same sweep, then the
   launcher exits with status 1.
 
+The launch's files (HAProxy's config and socket, Ray's token) are in a folder of its own, mode 0700,
+removed at the end (`deployments.private_folder`); Ray runs with token authentication on.
+
 Before it starts anything it ends the processes an earlier launcher left (marked, their launcher
 gone), and checks that its ports are free: a port in use is a one-line error that names the
 process holding it and what to do.
@@ -31,13 +34,29 @@ from dataclasses import dataclass
 
 import psutil
 
-from deployments.processes import LAUNCH_ENV, Launch, describe, end_processes, find_launches, marked_processes, port_holders, port_is_free, process_name
+from deployments import haproxy_front
+from deployments.private_folder import private_environment
+from deployments.processes import (
+    LAUNCH_ENV,
+    Launch,
+    describe,
+    end_processes,
+    ephemeral_ports,
+    find_launches,
+    marked_processes,
+    port_holders,
+    port_is_free,
+    process_name,
+    taken_port_ranges,
+)
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 """Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
-"""HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind every interface."""
+"""HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind
+loopback (`haproxy_front`; Ray's template binds them on every interface)."""
 DRIVER_MODULE = "deployments.driver"
+PRIVATE_FOLDER_PREFIX = "spout-run-"
 DRIVER_GRACE_S = 15.0
 WATCH_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -97,7 +116,7 @@ def is_loopback(host: str) -> bool:
 def listening_ports(args: LaunchArgs) -> dict[int, str]:
     """The fixed ports a launch listens on (port -> the address it binds); the replicas' own
     ports and Ray's are chosen free when they start."""
-    haproxy = {int(os.environ.get(name, default)): "0.0.0.0" for name, default in HAPROXY_PORTS.items()}
+    haproxy = {int(os.environ.get(name, default)): haproxy_front.LOCAL_HOST for name, default in HAPROXY_PORTS.items()}
     return haproxy | {args.port: args.host}
 
 
@@ -148,6 +167,18 @@ def check_port(host: str, port: int) -> None:
     raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
 
 
+def taken_port_warning(port: int, ranges: dict[str, range]) -> str | None:
+    """A warning for a port that Ray may take first (`processes.taken_port_ranges`): while the cluster
+    starts, before HAProxy binds its own ports."""
+    for what, taken in ranges.items():
+        if port in taken:
+            return (
+                f"warning: port {port} is in {what} ({taken.start}-{taken.stop - 1}): one of them may take it before HAProxy binds it, "
+                "and the start then fails; choose a port outside it (the defaults 8000, 8404 and 9101 are)"
+            )
+    return None
+
+
 def _environ(process: psutil.Process) -> dict[str, str]:
     try:
         return process.environ()
@@ -155,18 +186,11 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def start_driver(argv: list[str], haproxy_dir: str) -> subprocess.Popen:
-    """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked."""
-    env = os.environ | FAST_PATH_ENV | haproxy_files(haproxy_dir) | {LAUNCH_ENV: str(os.getpid())}
+def start_driver(argv: list[str], folder: str) -> subprocess.Popen:
+    """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked,
+    with the launch's files in its private ``folder`` (`deployments.private_folder`)."""
+    env = private_environment(folder, dict(os.environ)) | FAST_PATH_ENV | {LAUNCH_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
-
-
-def haproxy_files(folder: str) -> dict[str, str]:
-    """HAProxy's config, admin socket (which Ray's template makes mode 666, level admin) and state
-    in ``folder``, private to this user (0700), instead of Ray's fixed paths under /tmp that any
-    local user could read and use to redirect traffic."""
-    names = {"CONFIG_FILE_LOC": "haproxy.cfg", "SOCKET_PATH": "admin.sock", "SERVER_STATE_FILE": "server-state", "METRICS_SOCKET_PATH": "metrics.sock"}
-    return {f"RAY_SERVE_HAPROXY_{key}": os.path.join(folder, name) for key, name in names.items()} | {"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder}
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -187,7 +211,7 @@ def watch(driver: subprocess.Popen, stops: StopSignals) -> str:
         if len(vital) < len(VITAL_RAY_PROCESSES):  # until both have started
             vital = [p for p in marked_processes(os.getpid()) if process_name(p) in VITAL_RAY_PROCESSES and _alive(p)]
         elif not all(_alive(p) for p in vital):
-            return "Ray's GCS or raylet ended (`ray stop`, or a crash)"
+            return "Ray's GCS or raylet ended (`ray stop`, a crash, or the driver's failure above)"
         time.sleep(WATCH_INTERVAL_S)
 
 
@@ -220,14 +244,16 @@ def main(argv: list[str] | None = None) -> None:
     clear_stale_launches()
     for port, host in listening_ports(args).items():
         check_port(host, port)
+        if warning := taken_port_warning(port, taken_port_ranges(dict(os.environ), ephemeral_ports())):
+            say(warning)
     stops = StopSignals()
-    haproxy_dir = tempfile.mkdtemp(prefix="spout-haproxy-")  # mode 0700
+    folder = tempfile.mkdtemp(prefix=PRIVATE_FOLDER_PREFIX)  # mode 0700
     try:
-        driver = start_driver(argv, haproxy_dir)
+        driver = start_driver(argv, folder)
         reason = watch(driver, stops)
         shut_down(driver, stops, reason)
     finally:
-        shutil.rmtree(haproxy_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     if not stops.count:
         sys.exit(1)
 

@@ -28,7 +28,9 @@ class RequestLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_choices_per_request: int = Field(64, ge=1, le=MAX_N * 64, description="Prompts × n in one request.")
-    max_choices_in_flight: int = Field(2048, ge=1, description="Choices an ingress replica streams at once; more get 503.")
+    max_choices_in_flight: int = Field(
+        2048, ge=1, description="Choices an ingress replica streams or prepares at once (counted from a request's check); more get 503."
+    )
     max_beam_width: int = Field(
         8, ge=1, le=MAX_N, description="n of a beam search (use_beam_search): engine sequences it holds, 2n candidates scored per beam per step."
     )
@@ -42,16 +44,16 @@ class RequestLimits(BaseModel):
         description="UTF-8 bytes of client text an ingress replica's encode workers hold, queued or being encoded (each job counts 1 KiB more); "
         "a request that would pass it gets 503.",
     )
-    max_stop_strings: int = Field(16, ge=0)
+    max_stop_strings: int = Field(16, ge=0, description="Entries of stop.")
     max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")
-    max_bad_words: int = Field(64, ge=0)
+    max_bad_words: int = Field(64, ge=0, description="Entries of bad_words.")
     max_bad_words_bytes: int = Field(2048, ge=0, description="UTF-8 bytes of all bad words together.")
     max_logit_bias: int = Field(1024, ge=0, description="Entries of logit_bias.")
-    max_allowed_token_ids: int = Field(16_384, ge=0)
-    max_stop_token_ids: int = Field(64, ge=0)
+    max_allowed_token_ids: int = Field(16_384, ge=0, description="Entries of allowed_token_ids.")
+    max_stop_token_ids: int = Field(64, ge=0, description="Entries of stop_token_ids.")
     max_dry_breakers: int = Field(16, ge=0, description="Entries of dry_sequence_breakers.")
     max_dry_breakers_bytes: int = Field(64, ge=0, description="UTF-8 bytes of all DRY sequence breakers together.")
-    max_negative_prompt_bytes: int = Field(32_768, ge=0)
+    max_negative_prompt_bytes: int = Field(32_768, ge=0, description="UTF-8 bytes of negative_prompt.")
     max_logprob_entries: int = Field(640, ge=0, description="logprobs × choices: top-logprob entries the request adds per step.")
     max_prompt_logprob_entries: int = Field(
         131_072,
@@ -232,11 +234,11 @@ def check_echo(limits: RequestLimits, echo: bool, choices: int) -> None:
 
 
 def check_in_flight(limits: RequestLimits, in_flight: int, choices: int) -> None:
-    """503 when this replica already streams so many choices that ``choices`` more would pass the limit."""
+    """503 when this replica already streams (or prepares) so many choices that ``choices`` more would pass the limit."""
     if in_flight + choices > limits.max_choices_in_flight:
         raise APIError(
             503,
-            f"this server replica is streaming {in_flight} choices; {choices} more would pass its limit of "
+            f"this server replica is streaming or preparing {in_flight} choices; {choices} more would pass its limit of "
             f"{limits.max_choices_in_flight} (max_choices_in_flight): retry later",
             code="too_many_choices_in_flight",
         )

@@ -15,6 +15,7 @@ import os
 import socket
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -23,6 +24,8 @@ LAUNCH_ENV = "SPOUT_LAUNCH"
 LAUNCHER_MODULE = "deployments.launch"
 TERM_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Linux's range of ports handed to programs that bind port 0 (Ray's GCS, raylet and workers do)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,29 @@ def port_is_free(host: str, port: int) -> bool:
                 return False
             raise
     return True
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS_FILE) -> range:
+    """The ports the kernel hands out for "any free port" (empty where it does not say)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return range(0)
+    return range(low, high + 1)
+
+
+DIRECT_INGRESS_PORTS = {"HTTP": (30000, 31000), "GRPC": (40000, 41000)}
+"""Serve's defaults for the ports its replicas take for direct ingress (RAY_SERVE_DIRECT_INGRESS_MIN/MAX_<protocol>_PORT)."""
+
+
+def taken_port_ranges(environ: dict[str, str], ephemeral: range) -> dict[str, range]:
+    """Where Ray's processes take ports of their own while a launch starts (what each range is -> the range)."""
+    ranges = {"the kernel's ephemeral range (net.ipv4.ip_local_port_range), from which Ray's GCS, raylet and workers take ports": ephemeral}
+    for protocol, (low, high) in DIRECT_INGRESS_PORTS.items():
+        low = int(environ.get(f"RAY_SERVE_DIRECT_INGRESS_MIN_{protocol}_PORT", low))
+        high = int(environ.get(f"RAY_SERVE_DIRECT_INGRESS_MAX_{protocol}_PORT", high))
+        ranges[f"Serve's direct-ingress {protocol} range, from which its replicas take ports"] = range(low, high + 1)
+    return ranges
 
 
 def port_holders(port: int) -> list[psutil.Process]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -47,10 +49,26 @@ def _strftime_now(format: str) -> str:
     return datetime.datetime.now().strftime(format)
 
 
+class GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: marks the assistant's own text in templates written
+    for transformers' assistant-token masks; rendering keeps the body as it is, as transformers does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
 def template_environment() -> ImmutableSandboxedEnvironment:
     """A sandbox that renders chat templates as transformers' ``apply_chat_template`` does: its
-    whitespace options, ``{% break %}`` / ``{% continue %}``, ``tojson``, ``raise_exception``, ``strftime_now``."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    whitespace options, ``{% break %}`` / ``{% continue %}``, ``{% generation %}``, ``tojson``,
+    ``raise_exception``, ``strftime_now``."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

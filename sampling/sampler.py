@@ -21,6 +21,10 @@ host from `SamplingBatch.uses`):
    (a Triton kernel on CUDA, the torch path otherwise)
 6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
 
+On CUDA, a step that needs no truncation but min-p / top-k / top-p, no drafts and no processed
+logprobs runs 4-6 as one launch (`sampling.triton.top_set_launch`): greedy rows take their argmax
+there in one pass, the others are drawn in a few passes, and no separate argmax runs.
+
 Verify replaces the draw by accept-or-recover (`sampling.ops.rejection`; greedy rows
 accept a draft equal to the argmax), then keeps each request's rows up to its first
 rejection.
@@ -182,13 +186,19 @@ class Sampler:
         reported; ``maxima``: their `block_maxima` when already known."""
         batch, p = view.batch, view.params
         want_logprobs = batch.uses["logprobs"] > 0
+        need_processed = want_logprobs and raw is None
+        if batch.uses["random"] > 0 and self._triton_enabled(logits.device) and _top_set_rows(view, need_processed):
+            from sampling.triton.top_set_launch import top_set_sample
+
+            # One launch for every row: greedy rows get their argmax there, the others never pay for one.
+            drawn = top_set_sample(logits, p, row_keys(p.seed_key, p.has_seed, p.output_pos), _stages(batch))
+            return _Rows(drawn.token_ids, None, raw)
         if maxima is None and logits.device.type == "cpu":
             maxima = block_maxima(logits)
         token_ids = first_argmax(logits, maxima)
         accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
         if batch.uses["random"] > 0:
-            need_processed = want_logprobs and raw is None
             drawn = self._draw(logits, maxima, view, need_processed)
             token_ids = torch.where(p.is_greedy, token_ids, drawn.token_ids)
             if accepted is not None and drawn.accepted is not None:
@@ -207,7 +217,7 @@ class Sampler:
         """Temperature, truncate and draw (with drafts: accept or recover) on logits [N, V];
         maxima: their `block_maxima` (or None)."""
         p, batch = view.params, view.batch
-        stages = frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
+        stages = _stages(batch)
         keys = row_keys(p.seed_key, p.has_seed, p.output_pos)
         if self._triton_enabled(logits.device):
             from sampling.triton import triton_sample
@@ -273,6 +283,18 @@ def _truncate_and_draw(t: _Truncation, stages: frozenset[str], widths: list[int]
         return drawn
     rest = (~covered).nonzero().squeeze(1)
     return drawn.with_rows(rest, _truncate_and_draw(t.take(rest), stages, widths[1:], need_processed))
+
+
+def _stages(batch: SamplingBatch) -> frozenset[str]:
+    """The truncations some occupied row of ``batch`` uses."""
+    return frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
+
+
+def _top_set_rows(view: RowView, need_processed: bool) -> bool:
+    """Whether `top_set_sample` draws these rows: no drafts, no processed logits, only min-p / top-k / top-p."""
+    from sampling.triton.top_set_launch import TOP_SET_STAGES
+
+    return view.drafts is None and not need_processed and _stages(view.batch) <= TOP_SET_STAGES
 
 
 def _draw_candidates(c: Candidates, keys: torch.Tensor, drafts: torch.Tensor | None, vocab: int, need_processed: bool) -> Draw:

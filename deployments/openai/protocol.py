@@ -103,13 +103,14 @@ class _Request(BaseModel):
             return StructuredOutputs(json=self.response_format.json_schema.schema_)
         return None
 
-    def _sampling_params(self, **fields: Any) -> SamplingParams:
+    def _sampling_params(self, keep_none: tuple[str, ...] = (), **fields: Any) -> SamplingParams:
+        """The request's sampling parameters: ``fields`` (those None left to SamplingParams' defaults, but ``keep_none``) and its extras."""
         structured = self._structured_outputs()
         if structured is not None and "structured_outputs" in (self.model_extra or {}):
             raise APIError(400, "give response_format or structured_outputs, not both", param="response_format")
         fields["structured_outputs"] = structured
         try:
-            return SamplingParams(**(self.model_extra or {}), **{k: v for k, v in fields.items() if v is not None})
+            return SamplingParams(**(self.model_extra or {}), **{k: v for k, v in fields.items() if v is not None or k in keep_none})
         except ValidationError as error:
             raise from_validation_error(error) from error
         except TypeError as error:  # a field given both as OpenAI's and as an extra
@@ -219,16 +220,18 @@ class ChatCompletionRequest(_Request):
         """The tools the model is offered: none with tool_choice "none"."""
         return self.tools if self.effective_tool_choice != "none" else None
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int | None = None) -> SamplingParams:
+        """``default_max_tokens`` (the operator's) bounds a chat that sets neither ``max_tokens`` nor
+        ``max_completion_tokens``; None: until the context is full (vLLM's behaviour)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         self._check_scoring(max_tokens, echo=False)
-        params = self._sampling_params(logprobs=logprobs, max_tokens=max_tokens)
-        if max_tokens is None:  # chat: until the context is full unless limited
-            params = params.model_copy(update={"max_tokens": None})
-        return params
+        if max_tokens is None and default_max_tokens is not None:
+            min_tokens = (self.model_extra or {}).get("min_tokens", 0)
+            max_tokens = max(default_max_tokens, min_tokens) if isinstance(min_tokens, int) else default_max_tokens
+        return self._sampling_params(keep_none=("max_tokens",), logprobs=logprobs, max_tokens=max_tokens)
 
     def client_texts(self) -> list[str]:
         """The client's text that goes into the prompt: message contents, tool calls, tool definitions."""

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from engine.config import ModelConfig
-from engine.loader.safetensors import read_safetensors
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -59,6 +59,7 @@ def load_hf_checkpoint(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tenso
     config = config_from_hf(json.loads((folder / "config.json").read_text()))
     weights: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(folder):
-        for name, tensor in read_safetensors(file).items():
-            weights[name.removeprefix("model.")] = tensor
+        with safe_open(file, framework="pt") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 - safe_open is not a mapping
+                weights[name.removeprefix("model.")] = tensors.get_tensor(name)
     return config, weights

@@ -36,6 +36,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from sampling.triton.noise import merge_winner
+
 ONE_BITS_PLUS_ONE = tl.constexpr(0x3F800001)  # bits(1.0) + 1: above every weight
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # the lowest finite float32: a floor that keeps every finite logit
 INF_BITS = tl.constexpr(0x7F800000)  # bits(+inf): at or above every score
@@ -291,11 +293,7 @@ def truncate_and_draw_kernel(
             racing = keep & ~is_draft
         u = _uniform(key[:, None], cols.to(tl.int64)[None, :])
         score = tl.where(racing, w / -tl.log(u), -1.0)
-        block_best = tl.max(score, axis=1)
-        block_idx = tl.argmax(score, axis=1).to(tl.int64) + start
-        better = block_best > best
-        best = tl.where(better, block_best, best)
-        best_idx = tl.where(better, block_idx, best_idx)
+        best, best_idx = merge_winner(score, start, best, best_idx)
         if WRITE_PROCESSED:
             offsets = row_off[:, None] + cols[None, :]
             mask = row_mask[:, None] & (cols < V)[None, :]

@@ -4,7 +4,7 @@ cluster per process): ``python -m tests.cluster.multi_node`` prints a JSON repor
 Nodes (`ray.cluster_utils.Cluster`, several raylets on this machine, every address on loopback:
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray from swapping 127.0.0.1 for the machine's
 address; ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, so each ingress replica serves HTTP on its own
-port, as README recommends): a head (Serve's controller, one ingress replica), a node for the
+port, as docs/deployment.md recommends): a head (Serve's controller, one ingress replica), a node for the
 other ingress replica (``spout_ingress``), two nodes offering ``spout_engine`` (standing in for GPUs:
 one engine each) and two CPU-only nodes offering ``spout_detok`` (the detokenizer replicas).
 Steps:

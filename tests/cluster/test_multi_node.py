@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_TIMEOUT_S = 900
 ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address stays on loopback
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # each ingress replica on its own port, as README recommends
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # each ingress replica on its own port, as docs/deployment.md recommends
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
 }
 

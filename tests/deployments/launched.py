@@ -9,9 +9,9 @@ before, and the ports it listened on.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +22,8 @@ import httpx
 import psutil
 import pytest
 
+from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
+
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
 START_TIMEOUT_S = 300.0
@@ -30,15 +32,30 @@ SERVES_LINE = re.compile(r"Spout serves on \S+ \(HAProxy on port \d+ in front of
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
 
 
+FIXED_PORTS = range(20000, 30000)
+"""Where a test's fixed ports are drawn from: outside the ranges Ray's processes take ports from
+while a cluster starts (a stats port drawn from the kernel's ephemeral range was once Ray's GCS
+port when HAProxy came to bind it, and that start failed)."""
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port outside the ranges Ray takes from (`processes.taken_port_ranges`), as the defaults (8000, 8404, 9101) are."""
+    taken = taken_port_ranges(dict(os.environ), ephemeral_ports()).values()
+    candidates = [port for port in FIXED_PORTS if not any(port in r for r in taken)]
+    for port in random.sample(candidates, 200):
+        if port_is_free("127.0.0.1", port):
+            return port
+    raise AssertionError("no free port found outside the ranges Ray takes from")
 
 
 def listening_ports() -> set[int]:
     """The TCP ports something listens on (a connection of a dead process in TIME-WAIT holds none)."""
     return {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def listen_addresses(port: int) -> set[str]:
+    """The addresses something listens on at ``port`` (``0.0.0.0``/``::``: every interface)."""
+    return {c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
 
 
 def ray_and_haproxy_processes() -> set[psutil.Process]:

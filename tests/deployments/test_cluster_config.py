@@ -45,3 +45,19 @@ def test_the_head_deploys_a_valid_serve_config() -> None:
     config = ServeDeploySchema(**load(path))
     (application,) = config.applications
     ServeArgs(**application.args)
+
+
+RAY_TOKEN = "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.spout/ray_token "
+
+
+@pytest.mark.parametrize("name", CLUSTER_FILES)
+def test_every_node_runs_ray_with_token_authentication(name: str) -> None:
+    config = load(name)
+    commands = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config[key] if "ray start" in c or "serve deploy" in c]
+    assert len(commands) == 3
+    assert all(RAY_TOKEN in command for command in commands), commands
+    assert config["file_mounts"]["/home/ubuntu/.spout/ray_token"] == "~/.spout/ray_token"
+
+
+def test_the_serve_config_says_how_to_deploy_it_with_the_token() -> None:
+    assert "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.spout/ray_token serve deploy" in (ROOT / "serve_config.yaml").read_text()

@@ -51,9 +51,8 @@ def test_cluster_yaml_sets_the_api_key_from_a_file_outside_the_repository():
     assert not cluster["file_mounts"][key_file].startswith(".")
 
 
-def test_readme_lists_every_limit():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Limits and security") :]
+def test_the_security_page_lists_every_limit():
+    section = (ROOT / "docs" / "security-and-limits.md").read_text()
     for key in [*RequestLimits.model_fields, "max_body_bytes", "max_waiting_requests", "SPOUT_API_KEY"]:
         assert f"`{key}`" in section, key
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, haproxy_files, parse_args, parse_options
-from deployments.processes import LAUNCH_ENV
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options, taken_port_warning
+from deployments.processes import LAUNCH_ENV, ephemeral_ports, taken_port_ranges
 from tests.deployments.launched import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,14 @@ def test_other_machines_are_served_only_with_an_api_key_or_when_the_operator_say
         check_authenticated(args, environ)
 
 
-def test_haproxys_files_are_in_the_private_folder(tmp_path):
-    files = haproxy_files(str(tmp_path))
-    assert {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"} <= set(files)
-    assert all(path.startswith(str(tmp_path)) for path in files.values())
+def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("32768\t60999\n")
+    ephemeral = ephemeral_ports(range_file)
+    assert (ephemeral.start, ephemeral.stop) == (32768, 61000)
+    assert ephemeral_ports(tmp_path / "missing") == range(0)
+    ranges = taken_port_ranges({"RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "30500"}, ephemeral)
+    assert [taken_port_warning(port, ranges) for port in (8000, 8404, 9101, 29999, 30501)] == [None] * 5
+    assert taken_port_warning(60999, ranges).startswith("warning: port 60999 is in the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
+    assert "(32768-60999)" in taken_port_warning(32768, ranges)
+    assert "Serve's direct-ingress HTTP range, from which its replicas take ports (30000-30500)" in taken_port_warning(30000, ranges)

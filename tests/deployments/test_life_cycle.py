@@ -1,5 +1,5 @@
 """`make run` stopped every way a user stops a server, then started again on the same ports: each
-start serves (a completion is answered), and each stop leaves no process and no port behind (issue 23).
+start serves (a completion is answered) with HAProxy's stats page and exporter on loopback alone, and each stop leaves no process and no port behind (issue 23).
 
 The ways: Ctrl-C (SIGINT to the launcher's process group), Ctrl-C twice, SIGTERM, SIGHUP, ``ray stop``
 (which ends every Ray cluster of the machine: that way runs only where no other raylet runs), and
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.deployments.launched import CI_WAYS, START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, Ports, ray_and_haproxy_processes
+from tests.deployments.launched import CI_WAYS, START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, Ports, listen_addresses, ray_and_haproxy_processes
 
 FULL_CYCLES = 10
 CHOSEN_CYCLES = os.environ.get("SPOUT_LIFE_CYCLES") or (str(FULL_CYCLES) if os.environ.get("SPOUT_E2E_FULL") == "1" else None)
@@ -33,6 +33,7 @@ def test_each_stop_leaves_nothing_and_the_next_start_serves(way, tmp_path):
         try:
             server.start()
             server.wait_serving()
+            assert (listen_addresses(ports.stats), listen_addresses(ports.metrics)) == ({"127.0.0.1"}, {"127.0.0.1"})  # HAProxy's stats, exporter
             STOP_WAYS[way](server)
             status = server.wait_exit()
         finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,3 +82,12 @@ def test_loop_histogram_scrapes_as_prometheus_client_histogram():
             histogram.observe(value)
         expected = [line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line]
         assert generate_latest(ours).decode().splitlines() == expected
+
+
+def test_docs_metrics_lists_every_family():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(spout_\w+)`", page))
+    for family in text_string_to_metric_families(_scrape()):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's creation time of each counter and histogram
+        assert {family.name, f"{family.name}_total"} & listed, family.name

@@ -49,3 +49,21 @@ def test_template_errors_are_typed(smollm_checkpoint):
     without = TextTokenizer(smollm_checkpoint.tokenizer.tokenizer, (2,))
     with pytest.raises(ChatTemplateError, match="no chat template"):
         without.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+GENERATION_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ message['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_a_generation_block_renders_as_transformers_renders_it(smollm_checkpoint, reference_tokenizer, add_generation_prompt):
+    """Templates written for assistant-token masks (``{% generation %}``) render, to transformers' text."""
+    ours = TextTokenizer(smollm_checkpoint.tokenizer.tokenizer, (2,), chat_template=GENERATION_TEMPLATE)
+    messages = CONVERSATIONS[1]
+    expected = reference_tokenizer.apply_chat_template(messages, chat_template=GENERATION_TEMPLATE, tokenize=False, add_generation_prompt=add_generation_prompt)
+    assert "{% generation %}" in GENERATION_TEMPLATE and "Hello.<|im_end|>" in expected
+    assert ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == expected

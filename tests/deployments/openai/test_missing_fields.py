@@ -1,4 +1,4 @@
-"""Every request field the README lists as not taken is refused with a 400 naming it, on both endpoints."""
+"""Every request field docs/api.md lists as not taken is refused with a 400 naming it, on both endpoints."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from deployments.openai.errors import APIError
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai.request_body import validate_body
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-SECTION = README[README.index("### Request fields Spout does not take") : README.index("## Configuration")]
+API_PAGE = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
+SECTION = API_PAGE[API_PAGE.index("## Request fields Spout does not take") :].split("\n## ")[0]
 FIELDS = sorted(
     {name for row in SECTION.splitlines() if row.startswith("| `") for name in re.findall(r"`(\w+)`", row.split("|")[1])} - {"echo", "logprobs", "n"}
 )
@@ -25,7 +25,7 @@ BODIES = {
 }
 
 
-def test_the_readme_lists_the_fields():
+def test_the_api_page_lists_the_fields():
     assert {"suffix", "functions", "guided_json", "cache_salt"} <= set(FIELDS)
 
 

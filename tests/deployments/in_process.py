@@ -1,0 +1,128 @@
+"""An `Ingress` in-process, without Serve or engines: the replica's own request path (auth, parsing,
+limits, the `tiny-random` tokenizer and encode workers) in front of a fake engine client that
+registers a request's choices after awaits of its own, as `EngineClient.submit` does (it
+tokenizes the request's strings first), and keeps what it was given."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.requests import Request
+
+from deployments.auth import APIKeyCheck
+from deployments.config import ServeArgs
+from deployments.in_flight import ChoiceReservations
+from deployments.ingress import Ingress
+from deployments.metrics import IngressMetrics
+from deployments.prompt_encoder import PromptEncoder
+from engine.loader.checkpoint import load_tokenizer
+
+WAIT_S = 60.0
+
+
+class FakeRouter:
+    def __init__(self) -> None:
+        self.streams: dict[str, object] = {}
+        self.most = 0
+
+
+class FakeEngineClient:
+    """Registers a request's choices after awaits of its own (``EngineClient.submit`` tokenizes strings
+    first); a whole response holds them until `finish` is set."""
+
+    def __init__(self) -> None:
+        self.router = FakeRouter()
+        self.finish = asyncio.Event()
+        self.count = 0
+        self.collecting = 0
+        self.gate = asyncio.Event()  # submit waits here before it registers anything (open unless a test closes it)
+        self.gate.set()
+        self.at_gate = 0
+        self.submitted: list[object] = []  # the sampling parameters of each request
+        self.clients: list[str] = []  # the client each request was keyed by
+
+    async def submit(self, fmt, prompts, params, echo, client) -> list[str]:
+        self.submitted.append(params)
+        self.clients.append(client)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.at_gate += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.at_gate -= 1
+        ids = []
+        for _ in range(len(prompts) * params.n):
+            self.count += 1
+            ids.append(str(self.count))
+            self.router.streams[ids[-1]] = object()
+        self.router.most = max(self.router.most, len(self.router.streams))
+        return ids
+
+    async def collect(self, ids: list[str]) -> dict:
+        self.collecting += 1
+        try:
+            await self.finish.wait()
+        finally:
+            self.collecting -= 1
+            for stream_id in ids:
+                del self.router.streams[stream_id]
+        return {"choices": len(ids)}
+
+
+def ingress(client: FakeEngineClient, **options: object) -> Ingress:
+    """An `Ingress` as a replica builds it with ``options``, less Serve and the engines."""
+    made = object.__new__(Ingress)
+    made.args = ServeArgs(model="tiny-random", max_model_len=256, **options)
+    made.auth = APIKeyCheck(None)
+    made.tokenizer = load_tokenizer("tiny-random")
+    made.encoder = PromptEncoder(made.tokenizer)
+    made.metrics = IngressMetrics()
+    made.max_model_len = 256
+    made.in_flight = ChoiceReservations()
+    made.trust_local_proxy = False
+    made.local_addresses = frozenset()
+    made.engine_client = asyncio.get_running_loop().create_future()
+    made.engine_client.set_result(client)
+    return made
+
+
+def post(path: str, body: dict, peer: str = "127.0.0.1", headers: list[tuple[bytes, bytes]] = ()) -> Request:
+    """A POST of ``body`` from ``peer`` with ``headers`` besides the JSON ones."""
+    raw = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *headers],
+        "client": (peer, 40000),
+        "server": ("127.0.0.1", 8000),
+        "scheme": "http",
+        "root_path": "",
+    }
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return Request(scope, receive)
+
+
+def completion(n: int, prompt: str = "hello there", max_tokens: int | None = 4) -> Request:
+    """A completion request (``max_tokens`` None: the field left out)."""
+    body = {"model": "tiny-random", "prompt": prompt, "n": n} | ({} if max_tokens is None else {"max_tokens": max_tokens})
+    return post("/v1/completions", body)
+
+
+def chat(n: int, max_tokens: int | None = 4) -> Request:
+    """A chat request (``max_tokens`` None: the field left out)."""
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "n": n} | ({} if max_tokens is None else {"max_tokens": max_tokens})
+    return post("/v1/chat/completions", body)
+
+
+async def until(condition, timeout_s: float = WAIT_S) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)

@@ -1,0 +1,23 @@
+"""Run `top_set_sample` directly on a list of requests (CPU: the interpreter)."""
+
+from __future__ import annotations
+
+import torch
+
+from sampling.batch import SamplingBatch
+from sampling.ops.seeded_noise import row_keys
+from sampling.params import SamplingParams
+from sampling.sampler import TRUNCATIONS
+from sampling.triton.top_set_launch import TopSetDraw, top_set_sample
+from sampling.view import RowView
+
+
+def run_top_set(params: list[SamplingParams], logits: torch.Tensor, blocks: tuple[int, int] | None = None) -> TopSetDraw:
+    """Tokens and passes of requests ``params`` (every one seeded, or the keys are random) on logits [n, V]."""
+    n, vocab = logits.shape
+    batch = SamplingBatch(n, vocab, 8, logits.device)
+    for row, p in enumerate(params):
+        batch.add_request(row, p, [0])
+    p = RowView.of(batch, torch.arange(n, device=logits.device)).params
+    stages = frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
+    return top_set_sample(logits, p, row_keys(p.seed_key, p.has_seed, p.output_pos), stages, blocks)
