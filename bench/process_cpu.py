@@ -2,7 +2,8 @@
 
 Only descendants of this process count (other sessions on the machine may run Ray
 clusters with the same process titles). A kind sums all its processes, e.g. every
-detok replica; "client" is this process, the load generator.
+detok replica; "client" is this process, the load generator. vLLM's API server (started by
+`bench.egress_peers`) is ``vllm_api`` and its engine core process ``vllm_engine``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ PROCESS_KINDS: dict[str, tuple[str, ...]] = {
     "controller": ("ray::ServeController",),
     "ray_system": ("gcs_server", "raylet"),
 }
+VLLM_API_MODULE = b"vllm.entrypoints.openai.api_server"
+VLLM_TITLE = "VLLM::"
+"""The prefix vLLM's engine core and workers set as their process title."""
 KINDS = ("ingress", "detok", "engine", "proxy", "controller", "ray_system", "client")
 EGRESS_KINDS = ("ingress", "detok", "proxy")
 """The processes between the engine's outputs and the client's socket."""
@@ -41,6 +45,10 @@ def _kind(pid: str) -> str | None:
     except OSError:
         return None
     title = argv[0].decode(errors="replace")
+    if VLLM_API_MODULE in argv[1:4]:
+        return "vllm_api"
+    if title.startswith(VLLM_TITLE):
+        return "vllm_engine"
     if title.startswith(REPLICA_TITLE):
         return DEPLOYMENT_KINDS.get(title.rsplit(":", 1)[1].strip())
     name = os.path.basename(title)
@@ -69,7 +77,7 @@ def cpu_used(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, f
     between counts from zero; one that ended in between is left out (its last reading is lost)."""
     used = dict.fromkeys(KINDS, 0.0)
     for pid, (kind, seconds) in after.items():
-        used[kind] += seconds - before[pid][1] if pid in before else seconds
+        used[kind] = used.get(kind, 0.0) + (seconds - before[pid][1] if pid in before else seconds)
     return used
 
 

@@ -18,7 +18,7 @@ Each run has a client (`bench.load_client.CLIENTS`: the project's own ``raw`` cl
 ``replica_port`` (the ingress replica's own, under direct ingress).
 
 Modes: ``inline`` (detok in the ingress, no pool replica), ``pool_1`` / ``pool_2``
-(every step on a pool of 1 / 2 replicas), ``pool_auto`` (the defaults: inline below
+(every step on a pool of 1 / 2 replicas), ``pool_auto`` (the defaults before issue 24: inline below
 256 tokens a step, else an autoscaling pool of 1 to 2 replicas, whose count is
 recorded over time from ``serve.status()``), ``inline_si4`` (inline with
 ``stream_interval=4``), ``defaults`` (``make run``'s options), and the per-request-streaming references ``baseline`` (one
@@ -58,7 +58,7 @@ SPOUT_MODES: dict[str, dict[str, object]] = {
     "inline": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1},
     "pool_1": {"inline_detok_threshold": 0, "detok_min_replicas": 1, "detok_max_replicas": 1},
     "pool_2": {"inline_detok_threshold": 0, "detok_min_replicas": 2, "detok_max_replicas": 2},
-    "pool_auto": {"detok_min_replicas": 1, "detok_max_replicas": 2},
+    "pool_auto": {"inline_detok_threshold": 256, "detok_min_replicas": 1, "detok_max_replicas": 2},
     "inline_si4": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1, "stream_interval": 4},
     "defaults": {},
 }

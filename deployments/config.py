@@ -14,6 +14,9 @@ from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
 QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
+DETOK_INLINE_ALWAYS = 1_000_000
+"""`ServeArgs.inline_detok_threshold` at which no step goes to the detokenizer pool (the default: on the
+measured machines the pool cost the ingress more per token than detokenizing inline; see bench.egress_capacity)."""
 
 
 class ServeArgs(RequestLimits):
@@ -68,7 +71,7 @@ class ServeArgs(RequestLimits):
     )
     detok_resource: str | None = Field(None, min_length=1, description="A custom Ray resource the nodes for detokenizer replicas offer (e.g. CPU-only nodes).")
     ingress_resource: str | None = Field(None, min_length=1, description="A custom Ray resource marking ingress places, one ingress replica per unit.")
-    detok_min_replicas: int = Field(1, ge=0, description="Fewest detokenizer pool replicas.")
+    detok_min_replicas: int = Field(0, ge=0, description="Fewest detokenizer pool replicas; at least 1 when steps go to the pool.")
     detok_max_replicas: int = Field(2, ge=1, description="Most detokenizer pool replicas.")
     detok_tokens_per_call: int = Field(
         256, ge=1, description="A step's pool batch is split into calls of at most this many new tokens; the pool scales to one replica per call."
@@ -76,7 +79,11 @@ class ServeArgs(RequestLimits):
     detok_upscale_delay_s: float = Field(2.0, ge=0, description="Seconds the pool waits before adding a replica.")
     detok_downscale_delay_s: float = Field(30.0, ge=0, description="Seconds the pool waits before removing a replica.")
     ingress_replicas: int = Field(1, ge=1, description="HTTP ingress replicas; each subscribes to every engine (about one per 20,000 tokens/s).")
-    inline_detok_threshold: int = Field(256, ge=0, description="Steps with fewer new tokens than this are detokenized inline in the ingress.")
+    inline_detok_threshold: int = Field(
+        DETOK_INLINE_ALWAYS,
+        ge=0,
+        description=f"Steps with fewer new tokens than this are detokenized inline in the ingress; {DETOK_INLINE_ALWAYS} (the default): every step.",
+    )
     stream_interval: int = Field(
         1,
         ge=1,
@@ -127,6 +134,15 @@ class ServeArgs(RequestLimits):
             raise ValueError(
                 f"max_choices_per_request ({self.max_choices_per_request}) must be at most 1/{QUEUE_SHARE} of max_waiting_requests "
                 f"({self.max_waiting_requests}), so that one request cannot fill an engine's queue"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_used_pool_has_a_replica(self) -> ServeArgs:
+        if self.inline_detok_threshold < DETOK_INLINE_ALWAYS and self.detok_min_replicas == 0:
+            raise ValueError(
+                f"inline_detok_threshold {self.inline_detok_threshold} sends larger steps to the detokenizer pool, which then needs "
+                f"detok_min_replicas of at least 1 (its autoscaling does not start from none); or leave inline_detok_threshold at {DETOK_INLINE_ALWAYS}"
             )
         return self
 

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from deployments.output_columns import from_columns, to_columns
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
@@ -81,12 +82,19 @@ class Added:
 
 @dataclass(frozen=True)
 class Polled:
-    """`EngineActor.get_outputs`'s reply."""
+    """`EngineActor.get_outputs`'s reply; pickled with its outputs as columns (`deployments.output_columns`)."""
 
     incarnation: int
     outputs: list[EngineOutput]
     subscriber_lost: bool = False
     """The engine had taken the subscriber for dead and aborted its requests (its streams must end)."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return _polled, (self.incarnation, self.subscriber_lost, *to_columns(self.outputs))
+
+
+def _polled(incarnation: int, subscriber_lost: bool, *columns: object) -> Polled:
+    return Polled(incarnation, from_columns(*columns), subscriber_lost)  # type: ignore[arg-type]
 
 
 class _Subscriber:

@@ -159,6 +159,7 @@ class EngineClient:
 
     def release(self, submission: Submission, cause: str) -> None:
         """Unregister the submission's choices; abort those the engine still runs."""
+        submission.mailbox.close()
         for stream in submission.streams:
             self.router.unregister(stream)
             if not stream.finished:
@@ -196,15 +197,15 @@ class EngineClient:
                 for i, d in sorted(deltas.items()):
                     new_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
-                    choices.append(chunk_choice(fmt, i, d, offsets[i], calls[i] if calls else None, submission.echo_texts[i]))
+                    choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, submission.echo_texts[i]))
                     offsets[i] += len(d.text)
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
                 completion_tokens += new_tokens
                 if unfinished:
-                    yield fmt.chunk_frame(choices, usage_so_far())
+                    yield fmt.encoded_chunk_frame(choices, usage_so_far())
                 else:
-                    tail = fmt.chunk_frame(choices, usage_so_far())
+                    tail = fmt.encoded_chunk_frame(choices, usage_so_far())
             if usage.final:
                 tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
         except APIError as error:
@@ -253,15 +254,15 @@ class EngineClient:
             self.metrics.itl.observe((now - last) / new_tokens)
 
 
-def chunk_choice(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None, echo_text: str) -> dict[str, object]:
-    """A stream chunk's choice for ``delta``; with ``calls``, its text read for tool calls. A first
-    delta with the prompt's logprobs of an echo starts with ``echo_text``."""
+def choice_json(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None, echo_text: str) -> str:
+    """A stream chunk's choice for ``delta``, encoded; with ``calls``, its text read for tool calls. A
+    first delta with the prompt's logprobs of an echo starts with ``echo_text``."""
     logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
     if calls is None:
         echoed = echo_text if fmt.echo_logprobs is not None and delta.prompt_logprobs is not None else ""
-        return fmt.chunk_choice(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs)
+        return fmt.choice_json(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs=logprobs)
     text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
-    return fmt.chunk_choice(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs, tool_calls=new_calls)
+    return fmt.choice_json(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs=logprobs, tool_calls=new_calls)
 
 
 def choice_logprobs(fmt: ResponseFormat, generated: list[LogprobEntry] | None, prompt: PromptLogprobEntries | None, offset: int) -> dict[str, object] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from deployments.openai.errors import APIError
@@ -29,6 +30,10 @@ class Mailbox:
     The reader is woken for a choice's first delta, once ``stream_interval`` tokens
     wait for one choice, when a choice finishes, and on error (vLLM's ``stream_interval``):
     with an interval of n, a stream sends about one frame per n tokens.
+
+    The idle timeout costs no timer per take: one timer per mailbox, armed by the first take
+    that waits and re-armed (from the last output) only when it fires, so at most once per
+    ``idle_timeout_s``; `close` cancels it.
     """
 
     def __init__(self, stream_interval: int = 1, idle_timeout_s: float | None = None) -> None:
@@ -38,6 +43,10 @@ class Mailbox:
         self.started: set[int] = set()
         self.error: APIError | None = None
         self.ready = asyncio.Event()
+        self.waiting = False
+        self.last_output = 0.0
+        """`time.monotonic` of the last push, or of the start of the last take."""
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     def push(
         self,
@@ -59,6 +68,8 @@ class Mailbox:
         if prompt_logprobs is not None:
             delta.prompt_logprobs = prompt_logprobs
         delta.finish_reason, delta.stop_reason = finish_reason, stop_reason
+        if self.idle_timer is not None:
+            self.last_output = time.monotonic()
         if finish_reason is not None or len(delta.token_ids) >= self.stream_interval or index not in self.started:
             self.ready.set()
 
@@ -66,14 +77,39 @@ class Mailbox:
         self.error = error
         self.ready.set()
 
+    def close(self) -> None:
+        """The request is over: its idle timer goes."""
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def _check_idle(self) -> None:
+        """The idle timer fired: a waiting take without output for ``idle_timeout_s`` fails; else
+        the timer is armed again from the last output, or dropped when no take waits."""
+        assert self.idle_timeout_s is not None
+        self.idle_timer = None
+        if not self.waiting:
+            return
+        left = self.last_output + self.idle_timeout_s - time.monotonic()
+        if left > 0:
+            self.idle_timer = asyncio.get_running_loop().call_later(left, self._check_idle)
+        elif self.error is None:
+            self.fail(APIError(504, f"no output for {self.idle_timeout_s:g} s (stream_idle_timeout_s)", code="stream_timeout"))
+
     async def take(self) -> dict[int, ChoiceDelta]:
         """Wait for deltas and return them all; raises the request's error if it failed, and a 504
         ``stream_timeout`` after ``idle_timeout_s`` without any (a lost engine message never leaves
         the client waiting forever)."""
-        try:
-            await asyncio.wait_for(self.ready.wait(), self.idle_timeout_s)
-        except TimeoutError:
-            raise APIError(504, f"no output for {self.idle_timeout_s:g} s (stream_idle_timeout_s)", code="stream_timeout") from None
+        if not self.ready.is_set():
+            if self.idle_timeout_s is not None:
+                self.last_output = time.monotonic()
+                if self.idle_timer is None:
+                    self.idle_timer = asyncio.get_running_loop().call_later(self.idle_timeout_s, self._check_idle)
+            self.waiting = True
+            try:
+                await self.ready.wait()
+            finally:
+                self.waiting = False
         self.ready.clear()
         if self.error is not None:
             raise self.error

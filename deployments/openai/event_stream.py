@@ -1,9 +1,11 @@
-"""`EventStream`: the ASGI response that streams SSE frames, with one plain task listening for the client leaving
-(and pinging a silent stream, so that a proxy in front notices a client that left)."""
+"""`EventStream`: the ASGI response that streams SSE frames, with one plain task listening for the client leaving,
+and the event loop's `Pinger`, which pings silent streams (so that a proxy in front notices a client that left)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import weakref
 from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import Response
@@ -26,7 +28,8 @@ class EventStream(Response):
     ``on_disconnect`` too.
 
     A stream that has sent nothing for ``ping_interval_s`` (a request waiting in the engine's
-    queue) gets a `PING_FRAME`. A proxy in front of the replica (HAProxy on ``make run``'s
+    queue) gets a `PING_FRAME` from the loop's `Pinger`: one task for all streams, so that a
+    busy stream costs no timer. A proxy in front of the replica (HAProxy on ``make run``'s
     port) takes a client's closed connection for a half-close and passes nothing on until it
     writes to that client and is refused: only then does it close its connection to the
     replica, which is the disconnect the listener sees.
@@ -43,14 +46,19 @@ class EventStream(Response):
         self.client_left = False
         self.frames_sent = 0
         self.body_ended = False
+        self.send: Send | None = None
+        self.ping_task: asyncio.Task[None] | None = None
         self.init_headers()  # no body attribute, so no content-length
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         listener: asyncio.Task[None] | None = None
+        pinger = Pinger.of(self.ping_interval_s)
         ended = False
+        self.send = send
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            listener = asyncio.get_running_loop().create_task(self._listen(receive, send))
+            listener = asyncio.get_running_loop().create_task(self._listen(receive))
+            pinger.add(self)
             async for frame in self.frames:
                 if self.client_left:
                     break
@@ -61,31 +69,80 @@ class EventStream(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 ended = True
         finally:
-            if listener is not None:
-                listener.cancel()
+            pinger.remove(self)
+            for task in (listener, self.ping_task):
+                if task is not None:
+                    task.cancel()
             if not ended and not self.client_left:
                 # Cut short by a failed send or a cancellation, maybe before ``frames`` ever ran (so
                 # its own cleanup would not): the request must not keep running for nobody.
                 self.on_disconnect()
             await self.frames.aclose()
 
-    async def _listen(self, receive: Receive, send: Send) -> None:
-        receiving = asyncio.ensure_future(receive())
+    async def _listen(self, receive: Receive) -> None:
+        """Waits for ``http.disconnect``: one pending receive, no timer."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._client_gone()
+
+    def _client_gone(self) -> None:
+        if not self.client_left:
+            self.client_left = True
+            self.on_disconnect()
+
+    def ping(self) -> None:
+        """Send a `PING_FRAME` (in a task of its own), unless the body ended or one is on its way."""
+        if self.body_ended or self.client_left or (self.ping_task is not None and not self.ping_task.done()):
+            return
+        self.ping_task = asyncio.get_running_loop().create_task(self._ping())
+
+    async def _ping(self) -> None:
+        assert self.send is not None
         try:
-            seen = self.frames_sent
-            while True:
-                done, _ = await asyncio.wait((receiving,), timeout=self.ping_interval_s)
-                if done:
-                    if receiving.result()["type"] == "http.disconnect":
-                        break
-                    receiving = asyncio.ensure_future(receive())
-                elif self.frames_sent == seen and not self.body_ended:
-                    try:
-                        await send({"type": "http.response.body", "body": PING_FRAME, "more_body": True})
-                    except Exception:  # the connection is gone: the client left
-                        break
-                seen = self.frames_sent
+            await self.send({"type": "http.response.body", "body": PING_FRAME, "more_body": True})
+        except Exception:  # the connection is gone: the client left
+            self._client_gone()
+
+
+class Pinger:
+    """One task per event loop and interval that pings the streams that sent nothing since its last
+    tick, in place of a timer per stream; it runs while it has streams."""
+
+    _of_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Pinger]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.seen: dict[EventStream, int] = {}
+        """Each stream's ``frames_sent`` at the last tick."""
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, interval_s: float) -> Pinger:
+        """The running loop's pinger for ``interval_s``."""
+        pingers = cls._of_loop.setdefault(asyncio.get_running_loop(), {})
+        if interval_s not in pingers:
+            pingers[interval_s] = cls(interval_s)
+        return pingers[interval_s]
+
+    def add(self, stream: EventStream) -> None:
+        self.seen[stream] = stream.frames_sent
+        if self.task is None:
+            # An empty context, so that Ray does not cancel the pinger with the request that started it.
+            self.task = asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
+
+    def remove(self, stream: EventStream) -> None:
+        self.seen.pop(stream, None)
+
+    async def _run(self) -> None:
+        try:
+            while self.seen:
+                await asyncio.sleep(self.interval_s)
+                for stream, seen in list(self.seen.items()):
+                    if stream not in self.seen:
+                        continue
+                    if stream.frames_sent == seen:
+                        stream.ping()
+                    else:
+                        self.seen[stream] = stream.frames_sent
         finally:
-            receiving.cancel()
-        self.client_left = True
-        self.on_disconnect()
+            self.task = None

@@ -6,6 +6,8 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from json.encoder import encode_basestring
+from typing import Any
 
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries, chat_logprobs, completion_logprobs, echo_entries, vllm_prompt_logprobs
 from deployments.openai.tool_calls import ToolCallOutput
@@ -61,8 +63,28 @@ class ResponseFormat:
 
     def chunk_frame(self, choices: list[dict[str, object]], usage: dict[str, object] | None = None) -> str:
         """``sse(self.chunk(choices))`` (with ``usage`` when given), the envelope encoded once per response, not per frame."""
-        frame = self.frame_start + ",".join([_JSON.encode(choice) for choice in choices])
+        return self.encoded_chunk_frame([_JSON.encode(choice) for choice in choices], usage)
+
+    def encoded_chunk_frame(self, choices: list[str], usage: dict[str, object] | None = None) -> str:
+        """`chunk_frame` of choices already encoded (`choice_json`)."""
+        frame = self.frame_start + ",".join(choices)
         return frame + FRAME_END if usage is None else f'{frame}],"usage":{_JSON.encode(usage)}}}\n\n'
+
+    @cached_property
+    def _text_choice_head(self) -> tuple[str, str]:
+        """What a plain choice's JSON has before its index, and between its index and its text."""
+        return ('{"index":', ',"delta":{"content":') if self.chat else ('{"index":', ',"text":')
+
+    def choice_json(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, **extra: Any) -> str:
+        """``chunk_choice(index, text, finish_reason, stop_reason, **extra)`` as JSON; a choice of text alone (a
+        stream's common frame: no ``logprobs``, no ``tool_calls``) is written from a template, only its text encoded."""
+        if extra.get("logprobs") is not None or extra.get("tool_calls") or extra.get("role"):
+            return _JSON.encode(self.chunk_choice(index, text, finish_reason, stop_reason, **extra))
+        head, middle = self._text_choice_head
+        close = "}," if self.chat else ","
+        finish = "null" if finish_reason is None else _JSON.encode(finish_reason)
+        stop = "null" if stop_reason is None else _JSON.encode(stop_reason)
+        return f'{head}{index}{middle}{encode_basestring(text)}{close}"logprobs":null,"finish_reason":{finish},"stop_reason":{stop}}}'
 
     def chunk_choice(
         self,

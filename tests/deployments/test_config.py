@@ -55,3 +55,11 @@ def test_the_security_page_lists_every_limit():
     section = (ROOT / "docs" / "security-and-limits.md").read_text()
     for key in [*RequestLimits.model_fields, "max_body_bytes", "max_waiting_requests", "SPOUT_API_KEY"]:
         assert f"`{key}`" in section, key
+
+
+def test_detokenization_is_inline_by_default_and_a_used_pool_needs_a_replica():
+    defaults = ServeArgs()
+    assert defaults.detok_min_replicas == 0 and defaults.inline_detok_threshold >= 1_000_000
+    with pytest.raises(ValidationError, match="detok_min_replicas"):
+        ServeArgs.from_options({"inline_detok_threshold": "256"}, {})
+    assert ServeArgs.from_options({"inline_detok_threshold": "256", "detok_min_replicas": "1"}, {}).detok_min_replicas == 1

@@ -6,9 +6,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployments.metrics import ENGINE_FAMILIES, IngressMetrics, ReplicaState
+from deployments.metrics import BATCH_BUCKETS, ENGINE_FAMILIES, LATENCY_BUCKETS_S, IngressMetrics, LoopHistogram, ReplicaState
 
 PREFIX_CACHE = {"prefix_cache_queried_tokens": 400, "prefix_cache_hit_tokens": 100, "preemptions": 2}
 NO_LOOKUPS = {"prefix_cache_queried_tokens": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0}
@@ -69,6 +70,18 @@ def test_each_replica_has_its_own_registry():
     first.requests.inc("200")
     families = {family.name: family for family in text_string_to_metric_families(second.render([], ReplicaState(0, 1.0)).decode())}
     assert families["spout_requests"].samples == []
+
+
+def test_loop_histogram_scrapes_as_prometheus_client_histogram():
+    for buckets, values in ((LATENCY_BUCKETS_S, [0.0, 0.005, 0.0051, 0.3, 30.0, 31.0, 0.01]), (BATCH_BUCKETS, [1, 2, 3, 256, 2000])):
+        ours, theirs = CollectorRegistry(), CollectorRegistry()
+        loop_histogram = LoopHistogram("h_seconds", "help", buckets, ours)
+        histogram = Histogram("h_seconds", "help", buckets=buckets, registry=theirs)
+        for value in values:
+            loop_histogram.observe(value)
+            histogram.observe(value)
+        expected = [line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line]
+        assert generate_latest(ours).decode().splitlines() == expected
 
 
 def test_docs_metrics_lists_every_family():

@@ -58,3 +58,15 @@ def test_chunk_frame_is_the_sse_of_the_chunk(text: str, chat: bool, finish: str 
     choices = [fmt.chunk_choice(0, text, finish, stop_reason), fmt.chunk_choice(1, text[::-1], None, None, role=chat)]
     assert fmt.chunk_frame(choices) == sse(fmt.chunk(choices))
     assert json.loads(fmt.chunk_frame(choices)[len("data: ") :])["choices"][0] == choices[0]
+
+
+@given(st.text(), st.booleans(), st.integers(0, 300), st.sampled_from([None, "stop", "length"]), st.one_of(st.none(), st.integers(0, 9), st.text(max_size=5)))
+def test_a_choice_written_from_the_template_is_the_json_of_the_choice(text: str, chat: bool, index: int, finish: str | None, stop_reason: int | str | None):
+    fmt = ResponseFormat.new("cmpl-x", "m", chat=chat)
+    encoded = fmt.choice_json(index, text, finish, stop_reason)
+    assert json.loads(encoded) == fmt.chunk_choice(index, text, finish, stop_reason)
+    assert fmt.encoded_chunk_frame([encoded]) == fmt.chunk_frame([fmt.chunk_choice(index, text, finish, stop_reason)])
+    with_logprobs = {"tokens": [text], "token_logprobs": [-0.5], "top_logprobs": None, "text_offset": [0]}
+    assert json.loads(fmt.choice_json(index, text, finish, stop_reason, logprobs=with_logprobs)) == fmt.chunk_choice(
+        index, text, finish, stop_reason, with_logprobs
+    )

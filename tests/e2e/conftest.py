@@ -55,6 +55,7 @@ def server() -> Iterator[Server]:
                 "max_model_len": 1024,
                 "api_key": API_KEY,
                 "inline_detok_threshold": 8,
+                "detok_min_replicas": 1,
                 "max_client_speculative_tokens": 16,
                 "max_allowed_token_ids": 4096,  # under the body limit, so the hostile suite can go over it
                 "max_constrained_rows": 16,  # half the rows: constrained floods leave room for the others

