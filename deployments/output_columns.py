@@ -9,7 +9,7 @@ more travel whole, with their places in the step.
 
 from __future__ import annotations
 
-from engine.request import EngineOutput, FinishReason
+from engine.outputs import EngineOutput, FinishReason
 
 Ends = list[tuple[int, FinishReason | None, int | None]]
 """(index among the plain outputs, finish reason, stop reason) of those that carry an end."""

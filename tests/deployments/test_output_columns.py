@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from deployments.engine_actor import Polled
 from deployments.output_columns import to_columns
-from engine.beam_search import Hypothesis
-from engine.request import EngineOutput, FinishReason, RequestError, TokenLogprobs
+from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError, TokenLogprobs
 
 
 def outputs_strategy() -> st.SearchStrategy[EngineOutput]:
