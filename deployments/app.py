@@ -1,7 +1,12 @@
-"""`build_app(args)`: the Serve application; `app` is it with the defaults."""
+"""`build_app(args)`: the Serve application; `app` is it with the defaults.
+
+Under ``serve run deployments:app`` it turns Serve's fast path on before the CLI starts Ray
+(`fast_path.enable_for_serve_run`); wherever it runs in a cluster without the fast path, it says so.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ray import serve
@@ -9,17 +14,22 @@ from ray.serve import Application
 
 from deployments.config import ServeArgs
 from deployments.detok_pool import Detokenizer, fanout_autoscaling_policy
+from deployments.fast_path import enable_for_serve_run, fast_path_warning
 from deployments.ingress import Ingress
 
 QUIET_LOGS = {"enable_access_log": False, "log_level": "WARNING"}
 DETOK_RESOURCE_UNITS = 0.01
 """Of ``detok_resource`` per detokenizer replica: a node offering one unit hosts up to 100."""
+logger = logging.getLogger(__name__)
 
 
 def build_app(args: dict[str, str] | None = None) -> Application:
     """``serve run deployments:build_app model=tiny-random max_num_seqs=64`` passes strings; they are validated here,
     and the API key comes from ``SPOUT_API_KEY`` unless ``api_key`` is given."""
     config = ServeArgs.from_options(args or {}, os.environ)
+    enable_for_serve_run()
+    if warning := fast_path_warning(os.environ):
+        logger.warning(warning)
     detok = serve.deployment(
         Detokenizer,
         name="Detokenizer",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import psutil
 
 from deployments import haproxy_front
+from deployments.fast_path import FAST_PATH_ENV
 from deployments.private_folder import private_environment
 from deployments.processes import (
     LAUNCH_ENV,
@@ -50,8 +51,6 @@ from deployments.processes import (
     taken_port_ranges,
 )
 
-FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-"""Direct ingress on the replicas, with HAProxy on Serve's port in front of them."""
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
 """HAProxy's stats page and Prometheus exporter: the variables Ray reads and its defaults. Both bind
 loopback (`haproxy_front`; Ray's template binds them on every interface)."""
