@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -10,6 +11,7 @@ from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
 from deployments.openai.tool_parsers import TOOL_CALL_PARSERS
 from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.fair_share import SchedulingPolicy
 from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
@@ -36,6 +38,11 @@ class ServeArgs(RequestLimits):
         gt=0,
         description="Bytes of KV cache per engine; default: 10% of the machine's available memory on CPU, 80% of the GPU's free memory, "
         "at most what max_num_seqs sequences of max_model_len positions need.",
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="fcfs: each engine's queue in arrival order, and a request's priority other than 0 is refused (400); priority: "
+        "lower priority values first, turns between clients within a priority (by X-Client-Id, else address), lower priorities preempted for KV blocks.",
     )
     enable_prefix_caching: bool = Field(True, description="Keep the KV blocks of finished prompts for later prompts that start with them.")
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS, description="Prompt-lookup drafts per step; 0: off.")
@@ -187,4 +194,5 @@ class ServeArgs(RequestLimits):
             max_beam_rows=self.max_beam_rows,
             cpu_threads=self.engine_cpu_threads,
             quantized_weights=self.quantized_weights,
+            scheduling_policy=SchedulingPolicy(self.scheduling_policy),
         )

@@ -70,6 +70,8 @@ class NewRequest:
     """The request's bad words, DRY breakers and negative prompt as ids (None: it has none)."""
     client: str = ""
     """Who sent it, as the ingress knows them: whose share of the engine's grammar compiles it uses."""
+    client_id: str | None = None
+    """The client's own name for its share of the queue under the priority policy (else ``client``)."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ class EngineActor:
         if self.engine.num_waiting >= self.max_waiting_requests:
             return SERVER_FULL
         try:
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings, request.client)
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.strings, request.client, request.client_id)
         except InvalidRequestError as error:
             return Refusal(400, str(error))
         except CompilesBusyError as error:

@@ -105,9 +105,12 @@ class EngineClient:
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
         return min(up, key=live.__getitem__)
 
-    async def submit(self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool, client: str = "") -> Submission:
+    async def submit(
+        self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool, client: str = "", client_id: str | None = None
+    ) -> Submission:
         """Add ``n`` choices per prompt to one engine (with beam search, one search of ``n`` beams per
-        prompt); choice index = prompt index * n + i. ``client``: who sent it (their share of grammar compiles)."""
+        prompt); choice index = prompt index * n + i. ``client``: who sent it (their share of grammar compiles);
+        ``client_id``: the name it gave itself, if any (its share of the queue under the priority policy)."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
@@ -118,12 +121,12 @@ class EngineClient:
             prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
             search_id = f"{format.request_id}-{prompt_index}" if params.use_beam_search else None
             if search_id is not None:
-                requests.append(NewRequest(search_id, prompt, params, strings, client))
+                requests.append(NewRequest(search_id, prompt, params, strings, client, client_id))
             for i in range(params.n):
                 index = prompt_index * params.n + i
                 if search_id is None:
                     choice_params = params if params.seed is None or params.n == 1 else params.model_copy(update={"seed": params.seed + i})
-                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings, client))
+                    requests.append(NewRequest(f"{format.request_id}-{index}", prompt, choice_params, strings, client, client_id))
                 request_id = requests[-1].request_id if search_id is None else beam_choice_id(search_id, i)
                 streams.append(ChoiceStream(request_id, index, engine_index, mailbox, state, search_id=search_id))
                 request_of_stream.append(len(requests) - 1)

@@ -43,7 +43,7 @@ from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
-from deployments.peers import behind_haproxy, client_address, local_addresses
+from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.checkpoint import load_tokenizer
 from engine.prompt_length import PromptTooLong
@@ -250,7 +250,8 @@ class Ingress:
         """Submit the choices, then answer with their stream or their whole response (the router
         counts the choices from then on, so their reservation ends)."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
-        submission = await client.submit(fmt, prompts, params, echo, client_address(request, self.trust_local_proxy, self.local_addresses))
+        address = client_address(request, self.trust_local_proxy, self.local_addresses)
+        submission = await client.submit(fmt, prompts, params, echo, address, client_id(request))
         reservation.release()
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))

@@ -1,4 +1,5 @@
-"""Who sent a request, as far as the ingress can tell: a client's share of grammar compiles is keyed by it.
+"""Who sent a request, as far as the ingress can tell: a client's share of grammar compiles is keyed by it,
+and, unless the client names itself (`client_id`), its share of an engine's queue under the priority policy.
 
 Behind ``make run``'s HAProxy every request comes from HAProxy, so the peer's address is the
 same for every client. HAProxy there drops any ``X-Forwarded-For`` a client sent and adds its own
@@ -18,6 +19,9 @@ import psutil
 from starlette.requests import Request
 
 FORWARDED_FOR = "x-forwarded-for"
+CLIENT_ID_HEADER = "x-client-id"
+"""A client's own name for its share of an engine's queue (clients behind one address or one API key)."""
+MAX_CLIENT_ID_CHARS = 128
 HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 
 
@@ -58,3 +62,10 @@ def client_address(request: Request, trust_local_proxy: bool, local: frozenset[s
     if trust_local_proxy and is_local(peer, local):
         return forwarded_for(request.headers.getlist(FORWARDED_FOR)) or peer
     return peer
+
+
+def client_id(request: Request) -> str | None:
+    """The ``X-Client-Id`` header (its first `MAX_CLIENT_ID_CHARS` characters), or None. It names a
+    share of the queue only: the grammar-compile cap stays keyed by the address, which a client cannot choose."""
+    value = request.headers.get(CLIENT_ID_HEADER)
+    return value[:MAX_CLIENT_ID_CHARS] if value else None

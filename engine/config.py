@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.fair_share import SchedulingPolicy
 from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
@@ -59,6 +60,10 @@ class EngineConfig:
     On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
     may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).
 
+    ``scheduling_policy``: ``fcfs`` queues requests by arrival and refuses a ``priority`` other than 0;
+    ``priority`` queues them by priority (lower first), with a fair share between clients within one,
+    and preempts lower priorities for blocks (`engine.scheduler`, `engine.fair_share`).
+
     ``num_speculative_tokens`` (K) tokens are drafted per step for each decoding
     request by prompt lookup, matching its last ``prompt_lookup_max`` down to
     ``prompt_lookup_min`` tokens; a request may set its own values, 0 turns it off.
@@ -86,6 +91,7 @@ class EngineConfig:
     max_beam_rows: int = 64
     cpu_threads: int | None = None
     quantized_weights: bool = True
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
 
     def __post_init__(self) -> None:
         if self.cpu_threads is not None and self.cpu_threads < 1:

@@ -10,6 +10,7 @@ import torch
 from engine.beam.groups import BeamGroups
 from engine.beam.params import check_beam_params
 from engine.config import EngineConfig
+from engine.fair_share import SchedulingPolicy
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
 from engine.grammar.spec import GrammarError
@@ -70,7 +71,13 @@ class EngineCore:
         config = self.config
         self.prompt_logprobs = PromptLogprobsRequests()
         self.scheduler = Scheduler(
-            config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, blocks, config.max_constrained_rows, self.prompt_logprobs.prefix_limit
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            blocks,
+            config.max_constrained_rows,
+            self.prompt_logprobs.prefix_limit,
+            config.scheduling_policy,
         )
         vocab_size = checkpoint.config.vocab_size
         self.constrained = ConstrainedRequests(self.tokenizer, vocab_size, config.grammar_cache_size, config.grammar_limits, config.compile_budget)
@@ -117,7 +124,13 @@ class EngineCore:
         return self.finished_generated_counts[request_id]
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None, client: str = ""
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        strings: TokenizedStrings | None = None,
+        client: str = "",
+        client_id: str | None = None,
     ) -> None:
         """Queue one sequence; raises `InvalidRequestError` (and changes nothing) if it cannot run,
         `CompilesBusyError` (nothing changed) if its grammar is not cached and ``client`` (who sent
@@ -126,7 +139,8 @@ class EngineCore:
         strings: the request's bad words, DRY breakers and negative prompt as ids, from
         `tokenize_strings` (the engine never tokenizes); None when it has none (`has_strings`).
         ``params.n`` is not looked at: the ingress adds one engine request per choice (choices with the
-        same constraint share its compile). A request with ``structured_outputs`` is scheduled once
+        same constraint share its compile). ``client_id`` (or else ``client``) is whose share of the
+        queue the request takes under the priority policy (`engine.fair_share`). A request with ``structured_outputs`` is scheduled once
         its grammar has compiled on the worker; a grammar that does not compile, or not within the
         compile deadline, finishes it with `FinishReason.ERROR`.
         """
@@ -140,6 +154,7 @@ class EngineCore:
             return
         try:
             request = self._build(request_id, prompt_token_ids, params, strings)
+            request.client = client_id or client
         except (InvalidRequestError, *ENGINE_FAULTS):
             raise
         except Exception as error:
@@ -177,6 +192,8 @@ class EngineCore:
             )
         if params.structured_outputs is not None and self.config.max_constrained_rows == 0:
             raise InvalidRequestError("structured outputs are off on this engine (max_constrained_rows is 0)")
+        if params.priority != 0 and self.config.scheduling_policy is SchedulingPolicy.FCFS:
+            raise InvalidRequestError(f"priority {params.priority}: this server schedules first come, first served (scheduling_policy fcfs)")
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.fair_share import QueueKey
 from engine.kv.sequence_blocks import SequenceBlocks
 from engine.ngram_drafter import NgramIndex
 from engine.outputs import FinishReason
@@ -49,6 +50,10 @@ class Request:
     """With ``params.structured_outputs``: the matcher, at the accepted outputs (set once compiled)."""
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    client: str = ""
+    """Who sent it, for the fair share between clients under the priority policy (`engine.fair_share`)."""
+    queue_key: QueueKey | None = None
+    """Its place in the waiting queue under the priority policy, given by the scheduler when first queued."""
     stop_token_ids: frozenset[int] = field(init=False)
     """``params.stop_token_ids`` as a set, built once: checked after every token."""
 

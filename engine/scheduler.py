@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.fair_share import HEAD_KEY, FairShare, QueueKey, SchedulingPolicy
 from engine.kv.block_manager import BlockCopy, BlockManager
 from engine.models.attention_metadata import ScheduledChunk
 from engine.request import Request
@@ -63,6 +65,12 @@ class Scheduler:
     back to the head of the queue, keeping its sampling row, to recompute its prompt and output so far. With none left,
     the request that needs blocks is preempted itself, or, when it needs more blocks than
     the whole pool holds, listed in ``too_large`` for the engine to finish.
+
+    Under `SchedulingPolicy.PRIORITY` the queue is ordered by `engine.fair_share` (priority, then
+    turns between clients, then arrival) and preempted requests go back to their place in it; running
+    requests are scheduled in that order; a running request that needs blocks preempts the running
+    request that comes last in that order after it; before each step, running requests of a lower
+    priority (a larger value) than the queue's head are preempted until the pool holds the head.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class Scheduler:
         blocks: BlockManager,
         max_constrained: int | None = None,
         prefix_limit: PrefixLimit | None = None,
+        policy: SchedulingPolicy = SchedulingPolicy.FCFS,
     ) -> None:
         """``max_constrained``: the most requests with a grammar holding sampling rows at once (None: any number)."""
         self.prefix_limit = prefix_limit
@@ -88,9 +97,18 @@ class Scheduler:
         self.too_large: list[Request] = []
         self.num_preemptions = 0
         self._preempted_this_step: set[int] = set()
+        self.fair_share = FairShare() if policy is SchedulingPolicy.PRIORITY else None
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        if self.fair_share is None:
+            self.waiting.append(request)
+            return
+        request.queue_key = self.fair_share.key(request.params.priority, request.client)
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        """Into its place in the queue under the priority policy."""
+        self.waiting.insert(bisect.bisect_right(self.waiting, _queue_key(request), key=_queue_key), request)
 
     def remove(self, request: Request) -> None:
         """Take a finished or aborted request out; its rows and blocks are free for the next step."""
@@ -98,6 +116,9 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
+        if self.fair_share is not None and request.queue_key is not None:
+            self.fair_share.released(request.queue_key)
+            request.queue_key = None
         if request.grammar is not None and request.slot is not None:
             self.num_constrained -= 1
         for holder in request.sequences:
@@ -112,9 +133,14 @@ class Scheduler:
         step = ScheduledStep()
         budget = self.max_num_batched_tokens
         self._preempted_this_step.clear()
+        if self.fair_share is not None:
+            self._make_room_for_queue_head()
         # A request whose in-flight tokens already reach its limit waits for them to land.
         decoding = [r for r in self.running if _num_remaining(r) == 1 and r.room_to_grow(self.max_model_len) > 0]
         prefilling = [r for r in self.running if _num_remaining(r) > 1]
+        if self.fair_share is not None:
+            decoding.sort(key=_queue_key)
+            prefilling.sort(key=_queue_key)
         for request in decoding + prefilling:
             if budget == 0:
                 break
@@ -123,6 +149,25 @@ class Scheduler:
         self._schedule_waiting(step, admit, budget)
         step.block_copies = self.blocks.take_copies()
         return step
+
+    def _make_room_for_queue_head(self) -> None:
+        """Priority policy: preempt running requests of a lower priority than the queue's head (the
+        last in queue order first) until the pool holds the head's tokens. A head that needs a row while
+        none is free waits: a preempted request keeps its row."""
+        if not self.waiting or self.waiting[0].num_placeholders:
+            return
+        head = self.waiting[0]
+        if head.slot is None and len(self.free_slots) < len(head.sequences):
+            return
+        needed = sum(self.blocks.blocks_for(holder.num_tokens + 1) for holder in head.sequences)
+        if needed > self.blocks.num_blocks:
+            return
+        priority = _queue_key(head)[0]
+        while self.blocks.pool.num_available < needed:
+            lower = [r for r in self.running if _queue_key(r)[0] > priority]
+            if not lower:
+                return
+            self._preempt(max(lower, key=_queue_key))
 
     def _schedule_waiting(self, step: ScheduledStep, admit: Callable[[Request], bool], budget: int) -> None:
         """Admit queued requests in order (preempted ones first) while rows, blocks and budget last;
@@ -138,6 +183,8 @@ class Scheduler:
             request = self.waiting[0]
             if request.num_placeholders:  # preempted while its last token was in flight; it lands next step
                 return
+            if self.fair_share is not None and id(request) in self._preempted_this_step:  # preempted for those before it
+                return
             is_new = request.slot is None
             if is_new and request.grammar is not None and self.num_constrained >= self.max_constrained:
                 passed.append(self.waiting.popleft())
@@ -148,6 +195,8 @@ class Scheduler:
                 self.too_large.append(request)  # the engine finishes it, taking it out of the queue
                 return
             self.waiting.popleft()
+            if is_new and self.fair_share is not None and request.queue_key is not None:
+                self.fair_share.admitted(request.queue_key, request.client)
             num_hit = sum(self.blocks.match_prefix(holder, self.num_cacheable(holder)) for holder in request.sequences)
             self.running.append(request)
             if is_new:
@@ -211,13 +260,12 @@ class Scheduler:
     def _reserve(self, step: ScheduledStep, request: Request, plan: list[tuple[Request, int, list[int]]], may_preempt: bool) -> bool:
         """Blocks for the planned chunks, preempting younger requests if allowed; False if they could not be had."""
         while not all(self.blocks.reserve(h, h.num_computed_tokens + n + len(d)) for h, n, d in plan if n > 0):
-            victim = self._idle(step)
-            if victim is None and not may_preempt:
-                return False
-            victim = victim or self._youngest_unscheduled(step, request)
+            victim = self._idle(step) or self._victim(step, request, may_preempt)
             if victim is not None:
                 self._preempt(victim)
                 continue
+            if not may_preempt:
+                return False
             needed = sum(self.blocks.blocks_for(h.num_computed_tokens + n + len(d)) for h, n, d in plan)
             if needed > self.blocks.num_blocks:
                 self.too_large.append(request)
@@ -234,6 +282,17 @@ class Scheduler:
             if _num_remaining(candidate) == 0 and not candidate.num_placeholders and id(candidate) not in scheduled:
                 return candidate
         return None
+
+    def _victim(self, step: ScheduledStep, request: Request, may_preempt: bool) -> Request | None:
+        """Whom ``request`` may preempt for blocks (the class docstring): None when no one."""
+        if self.fair_share is None:
+            return self._youngest_unscheduled(step, request) if may_preempt else None
+        scheduled = {id(sequence) for sequence in step.requests}
+        mine = _queue_key(request)
+        candidates = [
+            c for c in self.running if c is not request and id(c) not in scheduled and (_queue_key(c) > mine if may_preempt else _queue_key(c)[0] > mine[0])
+        ]
+        return max(candidates, key=_queue_key, default=None)
 
     def _youngest_unscheduled(self, step: ScheduledStep, request: Request) -> Request | None:
         """The youngest running request younger than ``request`` with nothing in the step yet."""
@@ -256,7 +315,14 @@ class Scheduler:
         for holder in request.sequences:
             self.blocks.release(holder)
         request.draft_token_ids = []
-        self.waiting.appendleft(request)
+        if self.fair_share is None:
+            self.waiting.appendleft(request)
+        else:
+            self._enqueue(request)
+
+
+def _queue_key(request: Request) -> QueueKey:
+    return HEAD_KEY if request.queue_key is None else request.queue_key
 
 
 def _num_remaining(request: Request) -> int:

@@ -100,6 +100,7 @@ class SamplingParams(BaseModel):
     structured_outputs: StructuredOutputs | None = Field(None, description="A JSON schema, regex, choice or grammar the output must match.")
     use_beam_search: bool = Field(False, description="Beam search of width n, returning the n best beams (vLLM's extra field).")
     length_penalty: float = _finite(default=1.0, description="Beam score: cumulative logprob / length ** length_penalty.")
+    priority: int = Field(0, ge=-(2**63), lt=2**63, description="Lower runs first under the server's priority scheduling policy (vLLM's); 0 under fcfs.")
     early_stopping: bool | Literal["never"] = Field(
         False, description="When beam search stops: True at n finished beams; False by a heuristic; 'never' when no beam can do better."
     )

@@ -41,10 +41,12 @@ class FakeEngineClient:
         self.at_gate = 0
         self.submitted: list[object] = []  # the sampling parameters of each request
         self.clients: list[str] = []  # the client each request was keyed by
+        self.client_ids: list[str | None] = []  # the name each request's client gave itself (X-Client-Id)
 
-    async def submit(self, fmt, prompts, params, echo, client) -> list[str]:
+    async def submit(self, fmt, prompts, params, echo, client, client_id=None) -> list[str]:
         self.submitted.append(params)
         self.clients.append(client)
+        self.client_ids.append(client_id)
         for _ in range(3):
             await asyncio.sleep(0)
         self.at_gate += 1

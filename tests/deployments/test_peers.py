@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from starlette.requests import Request
 
-from deployments.peers import behind_haproxy, client_address, forwarded_for, local_addresses
+from deployments.peers import MAX_CLIENT_ID_CHARS, behind_haproxy, client_address, client_id, forwarded_for, local_addresses
 from tests.deployments.in_process import WAIT_S, FakeEngineClient, ingress, post
 
 LOCAL = frozenset({"127.0.0.1", "192.0.2.2"})
@@ -61,3 +61,29 @@ def test_the_ingress_keys_each_forwarded_client_apart():
         return client.clients
 
     assert asyncio.run(run()) == ["203.0.113.9", "198.51.100.1", "198.51.100.7"]
+
+
+def test_a_client_names_its_share_of_the_queue_with_a_bounded_header():
+    def with_id(value: bytes) -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/", "headers": [(b"x-client-id", value)], "client": ("127.0.0.1", 5000), "query_string": b""})
+
+    assert client_id(request("127.0.0.1")) is None
+    assert client_id(with_id(b"team-a")) == "team-a"
+    assert client_id(with_id(b"x" * 1000)) == "x" * MAX_CLIENT_ID_CHARS
+
+
+@pytest.mark.timeout(2 * WAIT_S)
+def test_the_ingress_passes_the_client_id_beside_the_address():
+    async def run() -> tuple[list[str], list[str | None]]:
+        client = FakeEngineClient()
+        client.finish.set()
+        replica = ingress(client)
+        body = {"model": "tiny-random", "prompt": "hi", "max_tokens": 2, "priority": 3}
+        for headers in ([(b"x-client-id", b"team-a")], []):
+            response = await asyncio.wait_for(replica(post("/v1/completions", body, headers=headers)), WAIT_S)
+            assert response.status_code == 200
+        assert [params.priority for params in client.submitted] == [3, 3]  # vLLM's field reaches the engine's parameters
+        return client.clients, client.client_ids
+
+    clients, client_ids = asyncio.run(run())
+    assert client_ids == ["team-a", None] and clients[0] == clients[1]  # the compile cap stays keyed by the address

@@ -24,6 +24,8 @@ CASES = [
     ("n zero", "POST", "/v1/completions", {"model": M, "prompt": "x", "n": 0}, None, 400, "n"),
     ("logprobs over 20", "POST", "/v1/completions", {"model": M, "prompt": "x", "logprobs": 21}, None, 400, "logprobs"),
     ("unknown field", "POST", "/v1/completions", {"model": M, "prompt": "x", "temprature": 1.0}, None, 400, "temprature"),
+    ("priority under fcfs", "POST", "/v1/completions", {"model": M, "prompt": "x", "priority": 1}, None, 400, None),
+    ("priority not an integer", "POST", "/v1/completions", {"model": M, "prompt": "x", "priority": "high"}, None, 400, "priority"),
     ("stop token out of vocab", "POST", "/v1/completions", {"model": M, "prompt": "x", "stop_token_ids": [10**6]}, None, 400, None),
     ("prompt token out of vocab", "POST", "/v1/completions", {"model": M, "prompt": [1, 999999]}, None, 400, None),
     ("prompt over the context", "POST", "/v1/completions", {"model": M, "prompt": [42] * 1024}, None, 400, "prompt"),
