@@ -5,9 +5,11 @@ in a session of its own, marked with ``SPOUT_LAUNCH=<the launcher's pid>`` (`dep
 and stops everything that carries the mark however it is told to stop:
 
 - SIGINT (Ctrl-C: the terminal's signal reaches only the launcher, the driver is in its own
-  session), SIGTERM or SIGHUP: the driver shuts Ray down (up to `DRIVER_GRACE_S`), then whatever
-  still carries the mark gets SIGTERM and, `processes.TERM_GRACE_S` later, SIGKILL. A second
-  signal skips the wait for the driver.
+  session), SIGTERM or SIGHUP: first the drain: HAProxy stops accepting connections and the
+  requests it forwards (streams included) run to their end, for up to ``--drain-timeout-s``
+  (`DRAIN_TIMEOUT_S`; 0: no drain; `deployments.haproxy_admin`). Then the driver shuts Ray down
+  (up to `DRIVER_GRACE_S`), then whatever still carries the mark gets SIGTERM and,
+  `processes.TERM_GRACE_S` later, SIGKILL. A second signal skips the drain and the wait for the driver.
 - The driver exits or Ray's GCS or raylet ends (``ray stop``, a crash): the same sweep, then the
   launcher exits with status 1.
 
@@ -22,6 +24,7 @@ process holding it and what to do.
 from __future__ import annotations
 
 import argparse
+import glob
 import ipaddress
 import os
 import shutil
@@ -34,9 +37,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from deployments import haproxy_front
+from deployments import haproxy_admin, haproxy_front
 from deployments.fast_path import FAST_PATH_ENV
-from deployments.private_folder import private_environment
+from deployments.private_folder import haproxy_files, private_environment
 from deployments.processes import (
     LAUNCH_ENV,
     Launch,
@@ -57,6 +60,9 @@ loopback (`haproxy_front`; Ray's template binds them on every interface)."""
 DRIVER_MODULE = "deployments.driver"
 PRIVATE_FOLDER_PREFIX = "spout-run-"
 DRIVER_GRACE_S = 15.0
+DRAIN_TIMEOUT_S = 30.0
+"""How long a stop waits for the requests in flight by default (as a Kubernetes pod's default grace period)."""
+DRAIN_POLL_S = 0.2
 WATCH_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 API_KEY_ENV = "SPOUT_API_KEY"
@@ -70,6 +76,7 @@ class LaunchArgs:
     port: int
     options: dict[str, str]
     allow_unauthenticated: bool = False
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -88,9 +95,14 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     parser.add_argument("--host", default="127.0.0.1", help="the address to serve on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--allow-unauthenticated", action="store_true", help="serve an address other machines can reach without an API key")
+    parser.add_argument(
+        "--drain-timeout-s", type=float, default=DRAIN_TIMEOUT_S, help="on a stop signal, how long the requests in flight may run to their end (0: none)"
+    )
     parser.add_argument("options", nargs="*", help="build_app options as key=value")
     args = parser.parse_args(argv)
-    return LaunchArgs(args.host, args.port, parse_options(args.options), args.allow_unauthenticated)
+    if args.drain_timeout_s < 0:
+        parser.error("--drain-timeout-s must be at least 0")
+    return LaunchArgs(args.host, args.port, parse_options(args.options), args.allow_unauthenticated, args.drain_timeout_s)
 
 
 def check_authenticated(args: LaunchArgs, environ: dict[str, str]) -> None:
@@ -225,9 +237,42 @@ def stop_driver(driver: subprocess.Popen, stops: StopSignals) -> None:
         time.sleep(0.1)
 
 
-def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str) -> None:
-    """Stop the driver, then end every process that still carries this launcher's mark."""
+def drain(socket_paths: list[str], stops: StopSignals, timeout_s: float) -> None:
+    """Each HAProxy (one per node, by its admin socket) takes no new connection; wait until they
+    forward no request, ``timeout_s`` passes, or another signal comes. An HAProxy that does not
+    answer (it never started, or it is gone) ends the wait."""
+    signals_before = stops.count
+    deadline = time.monotonic() + timeout_s
+    try:
+        if not socket_paths:
+            raise FileNotFoundError("no admin socket in the launch's folder")
+        for path in socket_paths:
+            haproxy_admin.stop_accepting(path)
+        count = sum(haproxy_admin.in_flight(path) for path in socket_paths)
+        if count:
+            say(f"Draining: {count} requests in flight, for up to {timeout_s:g} s (a second signal stops at once)")
+        while count and time.monotonic() < deadline and stops.count == signals_before:
+            time.sleep(DRAIN_POLL_S)
+            count = sum(haproxy_admin.in_flight(path) for path in socket_paths)
+    except OSError as error:
+        say(f"Not drained: HAProxy's admin socket does not answer ({error})")
+        return
+    say("Drained: no request in flight" if not count else f"Drain ended with {count} requests in flight")
+
+
+def haproxy_sockets(folder: str) -> list[str]:
+    """The admin sockets of the launch's HAProxy: Ray puts each node's in a folder named after the
+    node, beside the path it was given (``<folder>/<node id>/admin.sock``)."""
+    given = haproxy_files(folder)["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    return sorted(glob.glob(os.path.join(os.path.dirname(given), "*", os.path.basename(given))))
+
+
+def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str, folder: str | None = None, drain_timeout_s: float = 0.0) -> None:
+    """Drain (on a stop signal, with the launch's ``folder``, where HAProxy's admin sockets are), stop
+    the driver, then end every process that still carries this launcher's mark."""
     say(f"Stopping Spout: {reason}")
+    if stops.count == 1 and folder is not None and drain_timeout_s > 0 and driver.poll() is None:
+        drain(haproxy_sockets(folder), stops, drain_timeout_s)
     if stops.count < 2:
         stop_driver(driver, stops)
     left = end_processes(marked_processes(os.getpid()))
@@ -250,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         driver = start_driver(argv, folder)
         reason = watch(driver, stops)
-        shut_down(driver, stops, reason)
+        shut_down(driver, stops, reason, folder, args.drain_timeout_s)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if not stops.count:

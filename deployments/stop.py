@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import psutil
 
-from deployments.processes import describe, end_processes, find_launches
+from deployments.launch import DRAIN_TIMEOUT_S, DRIVER_GRACE_S
+from deployments.processes import TERM_GRACE_S, describe, end_processes, find_launches
 
-STOP_TIMEOUT_S = 40.0
+STOP_TIMEOUT_S = DRAIN_TIMEOUT_S + DRIVER_GRACE_S + TERM_GRACE_S + 10.0
+"""A launcher's default drain, its wait for the driver and for what is left, and a margin (60 s)."""
 
 
 def stop_launchers(pids: list[int]) -> None:
