@@ -46,7 +46,8 @@ from tokenizers.decoders import DecodeStream
 from bench.common import quietness, write_results
 from bench.sentencepiece_like import train
 from detok import DetokItem, detokenize_batch, initial_state
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from sampling.params import SamplingParams
 
 LENGTHS = (100, 1000, 4000, 16000, 32000)

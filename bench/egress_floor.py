@@ -41,7 +41,7 @@ from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 

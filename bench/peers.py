@@ -50,7 +50,8 @@ from bench.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
 from bench.serve_load import HOST, warm_up
 from deployments import build_app
 from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.loader.checkpoint import default_model_path, load_checkpoint
+from engine.loader.checkpoint import load_checkpoint
+from engine.loader.model_files import default_model_path
 
 TIMEOUT_S = 900
 START_TIMEOUT_S = 300

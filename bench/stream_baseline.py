@@ -27,7 +27,7 @@ from deployments.openai.protocol import CompletionRequest
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from detok import DetokItem, detokenize_batch, initial_state
 from engine.config import EngineConfig
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput
 from sampling.params import SamplingParams
 

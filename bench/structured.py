@@ -25,7 +25,7 @@ from bench.grammar import SCHEMA as ORDER_SCHEMA
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import load_checkpoint
-from engine.loader.random_weights import TINY_RANDOM
+from engine.loader.random_shapes import TINY_RANDOM
 from sampling.params import SamplingParams
 
 BATCHES = (1, 32, 256)

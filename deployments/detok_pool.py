@@ -10,7 +10,7 @@ from ray.serve.config import AutoscalingContext
 from tokenizers import Tokenizer
 
 from detok import DetokItem, DetokResult, detokenize_batch
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

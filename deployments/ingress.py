@@ -45,7 +45,7 @@ from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_ou
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, local_addresses
 from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
 from sampling.params import SamplingParams

@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from engine.config import ModelConfig
 from engine.loader.gguf_blocks import quantized_weight
+from engine.loader.model_files import read_metadata
 from engine.models.quant_linear import QuantizedWeight
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,6 @@ _GLOBAL_NAMES = {
 
 class UnsupportedGGUFError(ValueError):
     """The GGUF file uses an architecture or tensor type this loader does not read."""
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, object]:
-    """All key/value fields of the file, decoded to Python values."""
-    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
 def config_from_metadata(meta: dict[str, object]) -> ModelConfig:
