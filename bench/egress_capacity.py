@@ -36,6 +36,7 @@ from bench.serve_load import idle_cpu_percent, warm_up
 from bench.synthetic_engine import StepRate, SyntheticEngineActor
 from deployments import build_app
 from deployments.config import ServeArgs
+from deployments.engine_actor import EngineHandle
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
 
 HOST = "127.0.0.1"
@@ -53,7 +54,7 @@ TIMEOUT_S = 600
 SETTLE_S = 2.0
 
 
-def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> object:
+def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> EngineHandle:
     """The synthetic engine under the name the app's ingress (built with ``options``) looks its engine up by."""
     actor = ray.remote(max_concurrency=10_000)(SyntheticEngineActor)
     name = engine_name(app, ServeArgs.from_options(options, os.environ), 0)
@@ -69,7 +70,7 @@ def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) 
     warm_up(cluster.port, MODEL)
     bodies = [completion_body(MODEL, i, max_tokens, stream=True) for i in range(rate.max_num_seqs)]
     load_average = os.getloadavg()[0]
-    steps_before = ray.get(engine.stats.remote())["steps"]  # type: ignore[attr-defined]
+    steps_before = ray.get(engine.stats.remote())["steps"]
     before = cpu_seconds()
     results, elapsed = asyncio.run(run_streams(HOST, cluster.port, bodies, TIMEOUT_S))
     after = cpu_seconds()
@@ -78,7 +79,7 @@ def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) 
     idle = {"detok": detok, "max_num_seqs": rate.max_num_seqs} | idle_cpu_percent()
     idle_cores = {key.removeprefix("idle_pct_"): pct / 100 for key, pct in idle.items() if key.startswith("idle_pct_")}
     cpu = per_token_us(before, after, sum(r.tokens for r in results), idle_cores, elapsed)
-    steps = ray.get(engine.stats.remote())["steps"] - steps_before  # type: ignore[attr-defined]
+    steps = ray.get(engine.stats.remote())["steps"] - steps_before
     cluster.delete(app)
     row = {"detok": detok, "streams": rate.max_num_seqs, "step_ms": rate.step_s * 1e3, "offered_tokens_per_s": rate.tokens_per_s}
     row |= latency_fields(results, [None] * len(results), elapsed)

@@ -56,8 +56,10 @@ def random_checkpoint(model: str, device: str | torch.device = "cpu", dtype: tor
 
 
 def _gguf(name: str, path: Path) -> Checkpoint:
-    config, meta, weights, quantized = load_gguf_checkpoint(path)
-    return Checkpoint(name=name, config=config, weights=weights, tokenizer=gguf_text_tokenizer(meta), quantized=quantized)
+    contents = load_gguf_checkpoint(path)
+    return Checkpoint(
+        name=name, config=contents.config, weights=contents.weights, tokenizer=gguf_text_tokenizer(contents.metadata), quantized=contents.quantized
+    )
 
 
 def _hf_folder(name: str, folder: Path) -> Checkpoint:

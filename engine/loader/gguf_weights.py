@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -111,7 +112,18 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+class GGUFContents(NamedTuple):
+    """What `load_gguf_checkpoint` reads from a GGUF file."""
+
+    config: ModelConfig
+    metadata: dict[str, object]
+    weights: dict[str, torch.Tensor]
+    """float32, under HF names, in HF's rope layout."""
+    quantized: dict[str, QuantizedWeight]
+    """The blocks of its 4-bit and 8-bit matrices (the same names and row order) that a model may compute with."""
+
+
+def load_gguf_checkpoint(path: Path) -> GGUFContents:
     """Config, metadata, float32 weights (HF names, HF rope layout) of a GGUF file, and the blocks
     of its 4-bit and 8-bit matrices (the same names and row order) that a model may compute with."""
     reader = GGUFReader(path)
@@ -138,4 +150,4 @@ def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], di
             quantized[name] = blocks
     tied = "lm_head.weight" not in weights
     config = dataclasses.replace(config, tie_word_embeddings=tied)
-    return config, meta, weights, quantized
+    return GGUFContents(config, meta, weights, quantized)

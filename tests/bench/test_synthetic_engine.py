@@ -21,7 +21,7 @@ async def _collect(actor: EngineActor, subscriber: str, count: int) -> tuple[dic
     reasons: dict[str, FinishReason] = {}
     most_running = 0
     for _ in range(500):
-        polled = await actor.get_outputs(subscriber, timeout_s=5.0)
+        polled = await actor.get_outputs(subscriber, 5.0, [])
         assert isinstance(polled, Polled) and not polled.subscriber_lost
         most_running = max(most_running, (await actor.stats())["running"])
         for output in polled.outputs:
