@@ -39,9 +39,9 @@ from contextlib import aclosing
 
 import httpx
 
-from bench.common import print_table, quietness, write_results
-from bench.load_client import percentile
-from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.load_client import percentile
+from bench.lib.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
 from deployments.engine_actor import EngineHandle
@@ -198,7 +198,7 @@ def run_model(cluster: ServeCluster, model: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny-random only")
-    parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.serve_cluster)")
+    parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.lib.serve_cluster)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]

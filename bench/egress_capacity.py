@@ -1,6 +1,6 @@
 """Egress capacity per GPU, measured with a model-free engine: ``python -m bench.egress_capacity [--quick]``.
 
-A `bench.synthetic_engine.SyntheticEngineActor` emits tokens at a GPU's step rate
+A `bench.lib.synthetic_engine.SyntheticEngineActor` emits tokens at a GPU's step rate
 (`RATES`: 256 streams at 10 ms steps, 512 at 20 ms: 25,600 tokens/s each) and the real app
 (ingress, output router, detokenizer inline or on a pool of one replica, SSE, HAProxy on
 Serve's port as ``make run`` serves) streams them to as many concurrent clients, each
@@ -10,7 +10,7 @@ egress cannot keep up the engine slows down to it: the tokens/s the clients rece
 what one ingress replica sustains on this machine, which also runs the clients.
 
 Each row has the offered and sustained tokens/s, the engine's steps per second, and the
-CPU µs per token of each process kind net of its idle CPU (`bench.process_cpu`). From
+CPU µs per token of each process kind net of its idle CPU (`bench.lib.process_cpu`). From
 those, `sizing` gives the replicas one GPU at that rate needs: an ingress (or detok)
 replica is one event loop, kept to `REPLICA_BUSY_TARGET` of a core. Results go to
 bench/results/egress_capacity.json; the machine's load average before each row is recorded, and each process's idle CPU, read
@@ -28,12 +28,12 @@ from dataclasses import asdict
 
 import ray
 
-from bench.common import print_table, quietness, write_results
-from bench.load_client import completion_body, latency_fields, run_streams
-from bench.process_cpu import cpu_seconds, per_token_us
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.load_client import completion_body, latency_fields, run_streams
+from bench.lib.process_cpu import cpu_seconds, per_token_us
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.synthetic_engine import StepRate, SyntheticEngineActor
 from bench.serve_load import idle_cpu_percent, warm_up
-from bench.synthetic_engine import StepRate, SyntheticEngineActor
 from deployments import build_app
 from deployments.config import ServeArgs
 from deployments.engine_actor import EngineHandle

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import machine_info
+from bench.lib.common import machine_info
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARED = REPO / ".gpu"

@@ -142,7 +142,7 @@ class EngineActor:
         self.engine = loaded.result()  # what loading raised, raised here
 
     def _load(self, config: EngineConfig) -> EngineCore:
-        """The engine this actor runs (`bench.synthetic_engine` overrides it with a model-free one)."""
+        """The engine this actor runs (`bench.lib.synthetic_engine` overrides it with a model-free one)."""
         return EngineCore(config)
 
     # --- called by ingress replicas -------------------------------------------------

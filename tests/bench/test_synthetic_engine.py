@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
+from bench.lib.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
 from deployments.engine_actor import EngineActor, NewRequest, Polled
 from engine.config import EngineConfig
 from engine.outputs import FinishReason

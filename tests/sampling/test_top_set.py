@@ -8,7 +8,7 @@ import pytest
 import torch
 from top_set_helpers import run_top_set
 
-from bench.kernel_reads import counting_reads
+from bench.lib.kernel_reads import counting_reads
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler

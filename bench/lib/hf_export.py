@@ -1,7 +1,7 @@
 """A Spout checkpoint written as a Hugging Face Llama folder, so that another server (vLLM's CPU
 build) and Spout serve the very same float32 weights and tokenizer.
 
-``python -m bench.hf_export MODEL FOLDER`` writes ``config.json``, ``model.safetensors``,
+``python -m bench.lib.hf_export MODEL FOLDER`` writes ``config.json``, ``model.safetensors``,
 ``generation_config.json`` and the tokenizer (``tokenizer.json``, ``tokenizer_config.json``)
 of any model Spout loads: the default GGUF dequantized as Spout's loader does, or one of the
 seeded random shapes (`EGRESS_TINY` is the egress benchmarks' shape: head_dim 64, which
