@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import machine_info
+from bench.lib.common import machine_info
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARED = REPO / ".gpu"
@@ -114,7 +114,7 @@ def step_environment(site: Path | None) -> dict[str, str]:
     default model is not installed. Called once the wheels are installed: the loader imports some of them."""
     if site:
         sys.path.insert(0, str(site))
-    from engine.loader.checkpoint import DEFAULT_MODEL_PACKAGE, DEFAULT_TOKENIZER_ENV
+    from engine.loader.model_files import DEFAULT_MODEL_PACKAGE, DEFAULT_TOKENIZER_ENV
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site or ""), str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -191,7 +191,7 @@ def run(out: Path, dry_run: bool, only: list[str] | None = None) -> list[StepRes
 
 def prepare() -> None:
     """Download the carried wheels at this machine's versions, for the GPU machine's Python, and export the tokenizer."""
-    from engine.loader.checkpoint import export_default_tokenizer
+    from engine.loader.model_files import export_default_tokenizer
 
     WHEELS.mkdir(parents=True, exist_ok=True)
     for stale in WHEELS.glob("*.whl"):

@@ -34,7 +34,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from bench.serve_cluster import free_port
+from bench.lib.serve_cluster import free_port
 from deployments import build_app
 from deployments.ingress import app_engine
 

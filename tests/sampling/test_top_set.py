@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from top_set_helpers import run_top_set
 
-from bench.kernel_reads import counting_reads
+from bench.lib.kernel_reads import counting_reads
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
