@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import print_table, quietness, write_results
+from bench.lib.common import print_table, quietness, write_results
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.fair_share import SchedulingPolicy
 from engine.loader.checkpoint import load_checkpoint
-from engine.loader.random_weights import TINY_RANDOM
+from engine.loader.random_shapes import TINY_RANDOM
 from sampling.params import SamplingParams
 
 PRIORITIES = (0, 1, 2)

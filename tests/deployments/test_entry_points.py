@@ -33,7 +33,7 @@ import psutil
 import pytest
 import yaml
 
-from bench.serve_cluster import free_port
+from bench.lib.serve_cluster import free_port
 from deployments.fast_path import FAST_PATH_ENV, enable_for_serve_run, fast_path_warning, is_serve_run
 from deployments.processes import LAUNCH_ENV as MARK_ENV
 from deployments.processes import end_processes, marked_processes, port_holders, port_is_free, process_name

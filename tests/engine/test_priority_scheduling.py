@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.fair_share import SchedulingPolicy
 from engine.generate import generate
-from engine.loader.random_weights import TINY_RANDOM
+from engine.loader.random_shapes import TINY_RANDOM
 from sampling.params import SamplingParams
 
 BLOCK_BYTES = 8192
