@@ -1,7 +1,7 @@
 """Serve's fast path on every way a Ray Serve user starts the app (issue 29, item 1): HAProxy holds
 the serving port, in front of replicas that serve HTTP themselves, as under ``make run``.
 
-Two launches, `tiny-random` on loopback, each answered once:
+Three launches, `tiny-random` on loopback, each answered once:
 
 - ``serve run deployments:build_app ...``: the app turns the fast path on before the CLI starts
   Ray (`deployments.fast_path`); Ctrl-C to its process group ends it with status 0, no "Aborted",
@@ -11,8 +11,8 @@ Two launches, `tiny-random` on loopback, each answered once:
   deploy``, ``ray up cluster.yaml`` and ``cluster-local.yaml``. Its processes are told apart by a
   mark in their environment and ended by it (``ray stop`` would end every cluster of the machine).
 
-``serve run serve_config.yaml`` starts its cluster as ``ray start`` does, from the environment its
-header documents; the header's command is checked here, not launched.
+- ``serve run serve_config.yaml`` (its model and port changed) with the environment its header
+  documents: Ray starts before the config is read, so the switches are the command's; Ctrl-C as above.
 """
 
 from __future__ import annotations
@@ -114,23 +114,34 @@ def tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
-@pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
-def test_serve_run_of_the_import_path_serves_through_haproxy_and_ctrl_c_ends_it(tmp_path, ray_dir):
-    if not port_is_free("127.0.0.1", SERVE_RUN_PORT):
-        pytest.skip(f"serve run serves on port {SERVE_RUN_PORT}, which is taken")
+def documented_serve_run_environment() -> dict[str, str]:
+    """The ``NAME=value`` words before ``serve run serve_config.yaml`` in the config's header."""
+    line = next(line for line in (ROOT / "serve_config.yaml").read_text().splitlines() if "serve run serve_config.yaml`." in line)
+    words = shlex.split(line.split("`")[1].split("serve run", 1)[0])
+    return dict(word.split("=", 1) for word in words)
+
+
+def serve_config_copy(folder: Path, port: int) -> Path:
+    """serve_config.yaml with `OPTIONS` and ``port``."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"].update(OPTIONS)
+    path = folder / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_and_ctrl_c(command: list[str], env: dict[str, str], port: int, log: Path) -> None:
+    """Start ``command`` in a process group of its own (a terminal's job: Ctrl-C goes to all of it),
+    check HAProxy answers on ``port``, Ctrl-C it: status 0, no "Aborted", nothing of it left."""
     before = ray_and_haproxy_processes()
-    log = tmp_path / "serve_run.log"
-    env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_TMPDIR": ray_dir}
-    for name in FAST_PATH_ENV:
-        env.pop(name, None)
-    command = [str(BIN / "serve"), "run", "deployments:build_app", *(f"{key}={value}" for key, value in OPTIONS.items())]
-    with log.open("wb") as out:  # a process group of its own, as a terminal's job: Ctrl-C goes to all of it
+    with log.open("wb") as out:
         serving = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[psutil.Process] = []
     try:
-        wait_answering(SERVE_RUN_PORT, serving, log)
+        wait_answering(port, serving, log)
         tree = psutil.Process(serving.pid).children(recursive=True)
-        assert front_processes(SERVE_RUN_PORT) == {"haproxy"}, tail(log)
+        assert front_processes(port) == {"haproxy"}, tail(log)
         os.killpg(serving.pid, signal.SIGINT)
         status = serving.wait(timeout=STOP_TIMEOUT_S)
     finally:
@@ -140,6 +151,31 @@ def test_serve_run_of_the_import_path_serves_through_haproxy_and_ctrl_c_ends_it(
     assert status == 0 and "Aborted" not in output, tail(log)
     left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] + list(ray_and_haproxy_processes() - before)
     assert not left, left
+
+
+def local_environment(ray_dir: str) -> dict[str, str]:
+    """This process's environment without the fast path's switches, HAProxy's side ports free, Ray's
+    files in ``ray_dir``; a stopping replica's port closed at once (Serve keeps it open 30 s for HAProxy
+    to stop sending to it, which makes Ctrl-C take that long: 0 keeps the tests short)."""
+    env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_TMPDIR": ray_dir}
+    return {name: value for name, value in env.items() if name not in FAST_PATH_ENV} | {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
+def test_serve_run_of_the_import_path_serves_through_haproxy_and_ctrl_c_ends_it(tmp_path, ray_dir):
+    if not port_is_free("127.0.0.1", SERVE_RUN_PORT):
+        pytest.skip(f"serve run serves on port {SERVE_RUN_PORT}, which is taken")
+    command = [str(BIN / "serve"), "run", "deployments:build_app", *(f"{key}={value}" for key, value in OPTIONS.items())]
+    run_and_ctrl_c(command, local_environment(ray_dir), SERVE_RUN_PORT, tmp_path / "serve_run.log")
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
+def test_serve_run_of_the_config_with_its_documented_environment_serves_through_haproxy(tmp_path, ray_dir):
+    documented = documented_serve_run_environment()
+    assert documented == FAST_PATH_ENV
+    port = free_port()
+    env = local_environment(ray_dir) | documented
+    run_and_ctrl_c([str(BIN / "serve"), "run", str(serve_config_copy(tmp_path, port))], env, port, tmp_path / "serve_run.log")
 
 
 @pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
@@ -158,10 +194,7 @@ def test_serve_deploy_on_a_cluster_started_as_cluster_yaml_serves_through_haprox
     )
     env.pop("RAY_ADDRESS", None)
     port, dashboard = free_port(), free_port()
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = port
-    config["applications"][0]["args"].update(OPTIONS)
-    (tmp_path / "serve_config.yaml").write_text(yaml.safe_dump(config))
+    config = serve_config_copy(tmp_path, port)
     log = tmp_path / "cluster.log"
     try:
         with log.open("ab") as out:
@@ -169,7 +202,7 @@ def test_serve_deploy_on_a_cluster_started_as_cluster_yaml_serves_through_haprox
             subprocess.run(
                 start + ["--node-ip-address=127.0.0.1", f"--temp-dir={ray_dir}"], env=env, stdout=out, stderr=out, timeout=START_TIMEOUT_S, check=True
             )
-            deploy = [str(BIN / "serve"), "deploy", str(tmp_path / "serve_config.yaml"), "-a", f"http://127.0.0.1:{dashboard}"]
+            deploy = [str(BIN / "serve"), "deploy", str(config), "-a", f"http://127.0.0.1:{dashboard}"]
             subprocess.run(deploy, cwd=ROOT, env=env, stdout=out, stderr=out, timeout=START_TIMEOUT_S, check=True)
         wait_answering(port, None, log)
         assert front_processes(port) == {"haproxy"}, tail(log)
