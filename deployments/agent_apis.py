@@ -45,8 +45,8 @@ class AgentAPIs:
         async def answer(client: EngineClient, submission: Submission, calls: ToolCallOutput | None) -> Response:
             builder = ResponseBuilder(f"resp_{uuid.uuid4().hex}", self.args.model_name, body.echo_fields(), submission.num_prompt_tokens)  # type: ignore[attr-defined]
             if body.stream:
-                return EventStream(response_frames(builder, calls, client.deltas(submission)), lambda: client.disconnect(submission))
-            return JSONResponse(await response_body(builder, calls, client.deltas(submission)))
+                return EventStream(response_frames(builder, calls, client.deltas(submission), self.args.reasoning()), lambda: client.disconnect(submission))
+            return JSONResponse(await response_body(builder, calls, client.deltas(submission), self.args.reasoning()))
 
         return await self._chat(request, chat, answer)  # type: ignore[attr-defined]
 
@@ -57,8 +57,8 @@ class AgentAPIs:
         async def answer(client: EngineClient, submission: Submission, calls: ToolCallOutput | None) -> Response:
             builder = MessageBuilder(f"msg_{uuid.uuid4().hex}", self.args.model_name, submission.num_prompt_tokens)  # type: ignore[attr-defined]
             if body.stream:
-                return EventStream(message_frames(builder, calls, client.deltas(submission)), lambda: client.disconnect(submission))
-            return JSONResponse(await message_body(builder, calls, client.deltas(submission)))
+                return EventStream(message_frames(builder, calls, client.deltas(submission), self.args.reasoning()), lambda: client.disconnect(submission))
+            return JSONResponse(await message_body(builder, calls, client.deltas(submission), self.args.reasoning()))
 
         return await self._chat(request, chat, answer)  # type: ignore[attr-defined]
 

@@ -326,7 +326,12 @@ class Ingress(AgentAPIs, TokenRoutes):
             self._check_prompt(prompt, "messages")
             calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
             fmt = ResponseFormat.new(
-                f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs
+                f"chatcmpl-{uuid.uuid4().hex}",
+                self.args.model_name,
+                chat=True,
+                tool_calls=calls,
+                prompt_logprobs=body.asked_prompt_logprobs,
+                reasoning=self.args.reasoning(),
             )
             return await self._submit(request, client, fmt, [prompt], body, params, False, reservation, answer)
 

@@ -1,8 +1,8 @@
 """The Messages API's answers, written from the one event model (`deployments.openai.output_events`).
 
 `MessageBuilder` turns a choice's events into content blocks and Anthropic's stream:
-``message_start``; per block ``content_block_start``, ``content_block_delta`` (``text_delta`` or
-``input_json_delta``)..., ``content_block_stop``; then ``message_delta`` (the stop reason and the
+``message_start``; per block ``content_block_start``, ``content_block_delta`` (``thinking_delta``
+with a reasoning parser, ``text_delta`` or ``input_json_delta``)..., ``content_block_stop``; then ``message_delta`` (the stop reason and the
 output tokens) and ``message_stop``; an ``error`` event when the request fails midway. Stop reasons:
 ``end_turn``, ``max_tokens``, ``stop_sequence`` (with the sequence), ``tool_use``. A streamed and a
 whole message are built by the same builder, so they agree.
@@ -17,10 +17,20 @@ from typing import Any
 
 from deployments.anthropic.errors import error_frame
 from deployments.openai.model_json import read_json
-from deployments.openai.output_events import ChoiceDelta, ChoiceOutput, Finished, OutputEvent, TextDelta, ToolCallArguments, ToolCallOpened, api_frames
+from deployments.openai.output_events import (
+    ChoiceOutput,
+    Deltas,
+    Finished,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallOpened,
+    api_frames,
+)
+from deployments.openai.reasoning import ReasoningParser
 from deployments.openai.tool_calls import ToolCallOutput
 
-Deltas = AsyncGenerator[dict[int, ChoiceDelta], None]
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -62,6 +72,11 @@ class MessageBuilder:
         return [{"type": "message_start", "message": self.message() | {"content": []}}]
 
     def feed(self, event: OutputEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            events = [] if self._open_kind() == "thinking" else self._open({"type": "thinking", "thinking": "", "signature": ""})
+            assert self.open_block is not None
+            self.content[self.open_block]["thinking"] += event.text
+            return events + [{"type": "content_block_delta", "index": self.open_block, "delta": {"type": "thinking_delta", "thinking": event.text}}]
         if isinstance(event, TextDelta):
             events = [] if self._open_kind() == "text" else self._open({"type": "text", "text": ""})
             assert self.open_block is not None
@@ -120,18 +135,20 @@ async def _events(builder: MessageBuilder, output: ChoiceOutput, deltas: Deltas)
             yield events, delta.finish_reason is not None
 
 
-def message_frames(builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas) -> AsyncGenerator[str, None]:
+def message_frames(
+    builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None
+) -> AsyncGenerator[str, None]:
     """The stream's frames; a failure midway ends it with an ``error`` event."""
 
     async def steps() -> AsyncGenerator[tuple[str, bool], None]:
-        async for events, finished in _events(builder, ChoiceOutput(tool_calls), deltas):
+        async for events, finished in _events(builder, ChoiceOutput(tool_calls, reasoning), deltas):
             yield "".join(map(sse_event, events)), finished
 
     return api_frames("".join(map(sse_event, builder.start())), steps(), deltas, error_frame, "a message stream")
 
 
-async def message_body(builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas) -> dict[str, Any]:
-    output = ChoiceOutput(tool_calls)
+async def message_body(builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None) -> dict[str, Any]:
+    output = ChoiceOutput(tool_calls, reasoning)
     stop: tuple[str | None, str | None] = (None, None)
     async with aclosing(deltas):
         async for step in deltas:

@@ -14,6 +14,7 @@ from deployments.openai.errors import APIError, internal_error
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
+from deployments.openai.reasoning import ReasoningSplitter
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse
 from deployments.openai.tool_calls import ChoiceToolCalls
 
@@ -36,6 +37,7 @@ async def completion_frames(
         async with aclosing(deltas):
             offsets = [len(text) for text in echo_texts]
             calls = [ChoiceToolCalls(fmt.tool_calls) for _ in echo_texts] if fmt.tool_calls else None
+            thoughts = [ReasoningSplitter(fmt.reasoning) for _ in echo_texts] if fmt.reasoning is not None else None
             # An echo with logprobs goes out with its logprobs, which come with the choice's first delta.
             opening = [""] * len(offsets) if fmt.echo_logprobs is not None else echo_texts
             if fmt.chat or any(opening):
@@ -47,7 +49,7 @@ async def completion_frames(
                 for i, d in sorted(step.items()):
                     completion_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
-                    choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, echo_texts[i]))
+                    choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, echo_texts[i], thoughts[i] if thoughts else None))
                     offsets[i] += len(d.text)
                 if unfinished:
                     yield fmt.encoded_chunk_frame(choices, usage_so_far())
@@ -86,10 +88,25 @@ async def completion_body(
     return fmt.add_prompt_logprobs(fmt.full(choices, usage_of(completion_tokens)), prompts)
 
 
-def choice_json(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None, echo_text: str) -> str:
-    """A stream chunk's choice for ``delta``, encoded; with ``calls``, its text read for tool calls. A
-    first delta with the prompt's logprobs of an echo starts with ``echo_text``."""
+def choice_json(
+    fmt: ResponseFormat,
+    index: int,
+    delta: ChoiceDelta,
+    offset: int,
+    calls: ChoiceToolCalls | None,
+    echo_text: str,
+    thoughts: ReasoningSplitter | None = None,
+) -> str:
+    """A stream chunk's choice for ``delta``, encoded; with ``thoughts``, its reasoning split from its
+    answer; with ``calls``, its answer read for tool calls. A first delta with the prompt's logprobs of
+    an echo starts with ``echo_text``."""
     logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
+    if thoughts is not None:
+        finished = delta.finish_reason is not None
+        reasoning, answer = thoughts.feed(delta.text, finished)
+        text, new_calls = (answer, []) if calls is None else calls.feed(answer, finished)
+        reason = delta.finish_reason if calls is None else calls.finish_reason(delta.finish_reason)
+        return fmt.choice_json(index, text, reason, delta.stop_reason, logprobs=logprobs, tool_calls=new_calls, reasoning=reasoning)
     if calls is None:
         echoed = echo_text if fmt.echo_logprobs is not None and delta.prompt_logprobs is not None else ""
         return fmt.choice_json(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs=logprobs)
@@ -108,9 +125,11 @@ def choice_logprobs(fmt: ResponseFormat, generated: list[LogprobEntry] | None, p
 def full_choice(
     fmt: ResponseFormat, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, logprobs: dict[str, object] | None
 ) -> dict[str, object]:
-    """A whole response's choice; with the format's tool calls, its text read for them."""
+    """A whole response's choice; with the format's reasoning parser, its reasoning split from its
+    answer; with its tool calls, the answer read for them."""
+    reasoning, answer = ReasoningSplitter(fmt.reasoning).feed(text, finished=True) if fmt.reasoning is not None else ("", text)
     if fmt.tool_calls is None:
-        return fmt.full_choice(index, text, finish_reason, stop_reason, logprobs)
+        return fmt.full_choice(index, answer, finish_reason, stop_reason, logprobs, reasoning=reasoning)
     calls = ChoiceToolCalls(fmt.tool_calls)
-    content, _ = calls.feed(text, finished=True)
-    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, calls.calls)
+    content, _ = calls.feed(answer, finished=True)
+    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, calls.calls, reasoning=reasoning)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from deployments.openai.errors import APIError, internal_error
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
+from deployments.openai.reasoning import ReasoningParser, ReasoningSplitter
 from deployments.openai.tool_calls import ChoiceToolCalls, ToolCallOutput
 
 
@@ -35,6 +36,13 @@ class ChoiceDelta:
 
 @dataclass(frozen=True)
 class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """More of the choice's reasoning (with a reasoning parser: `deployments.openai.reasoning`)."""
+
     text: str
 
 
@@ -64,21 +72,27 @@ class Finished:
     stop_reason: int | str | None
 
 
-OutputEvent = TextDelta | ToolCallOpened | ToolCallArguments | Finished
+OutputEvent = ReasoningDelta | TextDelta | ToolCallOpened | ToolCallArguments | Finished
+Deltas = AsyncGenerator[dict[int, ChoiceDelta], None]
+"""A request's deltas as `deployments.engine_client.EngineClient.deltas` gives them, per choice index."""
 
 
 class ChoiceOutput:
-    """One choice's deltas as events, its text read for tool calls when the request offers tools."""
+    """One choice's deltas as events: with a reasoning parser, its reasoning split from its answer;
+    the answer read for tool calls when the request offers tools."""
 
-    def __init__(self, tool_calls: ToolCallOutput | None) -> None:
+    def __init__(self, tool_calls: ToolCallOutput | None, reasoning: ReasoningParser | None = None) -> None:
         self.calls = ChoiceToolCalls(tool_calls) if tool_calls is not None else None
+        self.splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
         self.output_tokens = 0
 
     def events(self, delta: ChoiceDelta) -> list[OutputEvent]:
         self.output_tokens += len(delta.token_ids)
         finished = delta.finish_reason is not None
-        text, pieces = (delta.text, []) if self.calls is None else self.calls.feed(delta.text, finished)
-        events: list[OutputEvent] = [TextDelta(text)] if text else []
+        thought, answer = ("", delta.text) if self.splitter is None else self.splitter.feed(delta.text, finished)
+        text, pieces = (answer, []) if self.calls is None else self.calls.feed(answer, finished)
+        events: list[OutputEvent] = [ReasoningDelta(thought)] if thought else []
+        events += [TextDelta(text)] if text else []
         for piece in pieces:
             if piece.id is not None:
                 events.append(ToolCallOpened(piece.index, piece.id, piece.function.name or ""))

@@ -30,7 +30,7 @@ from deployments.openai.tools import FUNCTION_NAME_PATTERN
 
 NOT_STORED = "this server stores no responses: send the whole conversation as input (store: false, no previous_response_id)"
 REFUSED_FIELDS = {
-    "reasoning": "no reasoning models are served",
+    "reasoning": "effort and summaries are not server settings here (the reasoning_parser option splits a model's thinking)",
     "include": "no extra output (reasoning, logprobs, search results) is available",
     "prompt": "there are no stored prompt templates",
     "conversation": NOT_STORED,

@@ -21,10 +21,20 @@ from contextlib import aclosing
 from typing import Any
 
 from deployments.openai.errors import APIError
-from deployments.openai.output_events import ChoiceDelta, ChoiceOutput, Finished, OutputEvent, TextDelta, ToolCallArguments, ToolCallOpened, api_frames
+from deployments.openai.output_events import (
+    ChoiceOutput,
+    Deltas,
+    Finished,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallOpened,
+    api_frames,
+)
+from deployments.openai.reasoning import ReasoningParser
 from deployments.openai.tool_calls import ToolCallOutput
 
-Deltas = AsyncGenerator[dict[int, ChoiceDelta], None]
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -60,6 +70,13 @@ class ResponseBuilder:
         return [self.event("response.created", response=snapshot), self.event("response.in_progress", response=snapshot)]
 
     def feed(self, event: OutputEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            events = self._open_reasoning()
+            index = self.open[-1]
+            self.output[index]["content"][0]["text"] += event.text
+            return events + [
+                self.event("response.reasoning_text.delta", item_id=self.output[index]["id"], output_index=index, content_index=0, delta=event.text)
+            ]
         if isinstance(event, TextDelta):
             events = self._open_message()
             index = self.open[-1]
@@ -95,12 +112,24 @@ class ResponseBuilder:
         events.append(self.event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=dict(part)))
         return events
 
+    def _open_reasoning(self) -> list[dict[str, Any]]:
+        if self.open and self.output[self.open[-1]]["type"] == "reasoning":
+            return []
+        events = self._close_all("completed")
+        item = {"id": new_item_id("rs"), "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+        self.output.append(item)
+        self.open.append(len(self.output) - 1)
+        return events + [self.event("response.output_item.added", output_index=len(self.output) - 1, item=json.loads(_JSON.encode(item)) | {"content": []})]
+
     def _close_all(self, status: str) -> list[dict[str, Any]]:
         events = []
         for index in self.open:
             item = self.output[index]
             item["status"] = status
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                text = item["content"][0]["text"]
+                events.append(self.event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0, text=text))
+            elif item["type"] == "message":
                 part = item["content"][0]
                 events.append(self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"], logprobs=[]))
                 events.append(self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=dict(part)))
@@ -147,11 +176,13 @@ async def _events(builder: ResponseBuilder, output: ChoiceOutput, deltas: Deltas
             yield events, finished
 
 
-def response_frames(builder: ResponseBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas) -> AsyncGenerator[str, None]:
+def response_frames(
+    builder: ResponseBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None
+) -> AsyncGenerator[str, None]:
     """The stream's frames; a failure midway ends it with ``response.failed``."""
 
     async def steps() -> AsyncGenerator[tuple[str, bool], None]:
-        async for events, finished in _events(builder, ChoiceOutput(tool_calls), deltas):
+        async for events, finished in _events(builder, ChoiceOutput(tool_calls, reasoning), deltas):
             if finished is not None:
                 done = builder.final(finished)
                 events.append(builder.event("response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done))
@@ -163,8 +194,10 @@ def response_frames(builder: ResponseBuilder, tool_calls: ToolCallOutput | None,
     return api_frames("".join(map(sse_event, builder.start())), steps(), deltas, failed, "a response stream")
 
 
-async def response_body(builder: ResponseBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas) -> dict[str, Any]:
-    output = ChoiceOutput(tool_calls)
+async def response_body(
+    builder: ResponseBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None
+) -> dict[str, Any]:
+    output = ChoiceOutput(tool_calls, reasoning)
     finished: Finished | None = None
     async with aclosing(deltas):
         async for _, finish in _events(builder, output, deltas):
