@@ -4,6 +4,9 @@ chat do, on the replica's encoding pool, under the same body and prompt-size lim
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -13,9 +16,26 @@ from deployments.openai.tokenize import DetokenizeRequest, TokenizeRequest, toke
 from deployments.openai.tool_prompt import template_messages
 from engine.tokenizer import ChatTemplateError
 
+if TYPE_CHECKING:
+    from deployments.config import ServeArgs
+    from deployments.prompt_encoder import PromptEncoder
+    from engine.tokenizer import TextTokenizer
+
+Body = TypeVar("Body", bound=BaseModel)
+
 
 class TokenRoutes:
     """``/tokenize`` and ``/detokenize`` (a base of `deployments.ingress.Ingress`, whose parsing, limits and encoder they use)."""
+
+    if TYPE_CHECKING:  # what they use of the ingress
+        args: ServeArgs
+        tokenizer: TextTokenizer
+        encoder: PromptEncoder
+        max_model_len: int | None
+
+        async def _ready(self) -> object: ...
+
+        async def _parse(self, request: Request, model: type[Body]) -> Body: ...
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``/tokenize``: a prompt's or a chat's ids, their count and the context (`deployments.openai.tokenize`)."""
