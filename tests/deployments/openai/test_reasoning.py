@@ -1,12 +1,32 @@
-"""Reasoning split exactly whatever the split of the text into deltas (issue 28 item 3)."""
+"""Reasoning split exactly whatever the split of the text into deltas, and of the output's tokens into
+engine messages through the detokenizer (issue 28 item 3); chat, Responses and Messages write it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+from anthropic.types import Message, RawMessageStreamEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.responses import Response, ResponseStreamEvent
+from tokenizers import AddedToken, Tokenizer
 
+from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
+from deployments.openai.choices import completion_body, completion_frames
+from deployments.openai.output_events import ChoiceDelta
+from deployments.openai.protocol import StreamUsage
 from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter
+from deployments.openai.responses import ResponseFormat
+from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
+from detok import initial_state
+from sampling.params import SamplingParams
+from tests.deployments.openai.test_responses_writer import events_of, request
+from tests.detok.streaming import split as split_ids
+from tests.detok.streaming import stream
+from tests.engine.test_chat_tokenizer import TOKENIZER
+from tests.sdk_types import strict
 
 CASES = [
     ("deepseek_r1", "<think>\nLet me see.\n</think>\n\nParis.", "\nLet me see.\n", "\n\nParis."),
@@ -46,7 +66,6 @@ TEXT = "<think>\nThe user asks for a city.\n</think>\n\nParis."
 
 
 def deltas_for(pieces: list[str]):
-    from deployments.openai.output_events import ChoiceDelta
 
     async def deltas():
         for i, piece in enumerate(pieces):
@@ -66,12 +85,6 @@ CUTS = st.lists(st.integers(1, len(TEXT) - 1), max_size=8)
 @settings(max_examples=50, deadline=None)
 @given(CUTS)
 def test_chat_streams_reasoning_content_and_content_apart_whatever_the_split(cuts):
-    import asyncio
-    import json
-
-    from deployments.openai.choices import completion_body, completion_frames
-    from deployments.openai.protocol import StreamUsage
-    from deployments.openai.responses import ResponseFormat
 
     fmt = ResponseFormat.new("chatcmpl-1", "m", chat=True, reasoning=REASONING_PARSERS["qwen3"])
 
@@ -91,15 +104,6 @@ def test_chat_streams_reasoning_content_and_content_apart_whatever_the_split(cut
 @settings(max_examples=30, deadline=None)
 @given(CUTS)
 def test_responses_and_messages_write_reasoning_items_and_thinking_blocks(cuts):
-    import asyncio
-
-    from anthropic.types import Message, RawMessageStreamEvent
-    from openai.types.responses import Response, ResponseStreamEvent
-
-    from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
-    from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
-    from tests.deployments.openai.test_responses_writer import events_of, request
-    from tests.sdk_types import strict
 
     parser = REASONING_PARSERS["qwen3"]
     echo = request().echo_fields()
@@ -124,3 +128,28 @@ def test_responses_and_messages_write_reasoning_items_and_thinking_blocks(cuts):
     whole = strict(Message, message)
     assert [block.type for block in whole.content] == ["thinking", "text"]
     assert whole.content[0].thinking == "\nThe user asks for a city.\n" and whole.content[1].text == "\n\nParis."
+
+
+def think_tokenizer():
+    """The default model's tokenizer with ``<think>`` and ``</think>`` as added tokens (not special: they
+    reach the text, as in DeepSeek-R1's and Qwen3's tokenizers)."""
+
+    tokenizer = Tokenizer.from_str(TOKENIZER.tokenizer.to_str())
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    return tokenizer
+
+
+THINK_TOKENIZER = think_tokenizer()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["qwen3", "deepseek_r1"]), st.lists(st.integers(1, 4), min_size=1, max_size=6))
+def test_the_split_is_exact_whatever_the_split_of_tokens_into_engine_messages(parser, sizes):
+    """The detokenizer's deltas for any split of the output's ids into engine messages, through the splitter."""
+
+    ids = THINK_TOKENIZER.encode(TEXT, add_special_tokens=False).ids
+    assert THINK_TOKENIZER.token_to_id("</think>") in ids
+    state = initial_state(THINK_TOKENIZER, THINK_TOKENIZER.encode("Question:").ids, SamplingParams())
+    deltas = stream(THINK_TOKENIZER, state, split_ids(ids, sizes)).deltas
+    assert "".join(deltas) == TEXT
+    assert split(parser, deltas) == ("\nThe user asks for a city.\n", "\n\nParis.")
