@@ -43,6 +43,7 @@ from deployments.openai.errors import APIError, internal_error
 from deployments.openai.event_stream import EventStream
 from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai.reasoning import constrained_after_thinking
 from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
@@ -58,6 +59,8 @@ from sampling.params import SamplingParams
 ENGINE_NAMESPACE = "spout"
 ENGINE_START_TIMEOUT_S = 600.0  # loading the model
 HEALTH_TIMEOUT_S = 10.0
+PROMPT_TAIL_IDS = 16
+"""The prompt's last ids a reasoning parser reads to know whether the template closed the thinking."""
 HEALTH_MAX_AGE_S = 1.0
 """/health (open without a key) checks the engines at most once a second; callers in between share the outcome."""
 RequestBody = TypeVar("RequestBody", bound=BaseModel)
@@ -324,6 +327,8 @@ class Ingress(AgentAPIs, TokenRoutes):
             except PromptTooLong as error:
                 raise self._too_long(error, "messages") from error
             self._check_prompt(prompt, "messages")
+            if self.args.reasoning_parser is not None:
+                params = constrained_after_thinking(params, self.tokenizer.decode(prompt[-PROMPT_TAIL_IDS:], skip_special_tokens=False))
             calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
             fmt = ResponseFormat.new(
                 f"chatcmpl-{uuid.uuid4().hex}",

@@ -67,6 +67,12 @@ class StructuredOutputs(BaseModel):
     )
     whitespace_pattern: str | None = Field(None, description="JSON only: a regex for the whitespace allowed between JSON tokens.")
     disable_additional_properties: bool = Field(False, description="JSON only: objects of the schema that do not say take no other properties.")
+    reasoning_end: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The constraint applies after this text, free before it: the end of a reasoning model's thinking (the server's reasoning_parser sets it).",
+    )
 
     @field_validator("structural_tag", mode="before")
     @classmethod
@@ -116,7 +122,7 @@ class StructuredOutputs(BaseModel):
         """UTF-8 bytes of the constraint's text (the schema as compact JSON): what the server's limit bounds."""
         tag = self.structural_tag.model_dump_json(by_alias=True) if self.structural_tag is not None else ""
         parts: list[str] = [json.dumps(self.json_, separators=(",", ":")) if self.json_ is not None else "", self.regex or "", self.grammar or "", tag]
-        parts.append(self.whitespace_pattern or "")
+        parts += [self.whitespace_pattern or "", self.reasoning_end or ""]
         parts += self.choice or []
         return sum(len(part.encode("utf-8", "surrogatepass")) for part in parts)
 

@@ -9,7 +9,8 @@ The ``<think>…</think>`` family (vLLM's parsers of these names):
   otherwise (thinking off: its template writes an empty ``<think></think>`` in the prompt) it is
   all answer.
 
-The tags never reach either side. The split is made on the text the detokenizer gives, holding back
+The tags never reach either side. A request's output constraint applies to the answer: the grammar
+lets the thinking run free up to ``</think>`` (`constrained_after_thinking`). The split is made on the text the detokenizer gives, holding back
 only what could still be the start of a tag, so whatever the split of the text into deltas, the
 reasoning and the answer are the same (`tests/deployments/openai/test_reasoning.py`).
 """
@@ -17,6 +18,9 @@ reasoning and the answer are the same (`tests/deployments/openai/test_reasoning.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sampling.params import SamplingParams
+from sampling.structured_outputs import StructuredOutputs
 
 THINK_START, THINK_END = "<think>", "</think>"
 
@@ -67,3 +71,19 @@ class ReasoningSplitter:
         if self.state == "answer":
             answer, self.pending = self.pending, ""
         return reasoning, answer
+
+
+def thinking_closed(prompt_tail: str) -> bool:
+    """Whether the prompt's last characters close a thinking (Qwen3's template with thinking off writes
+    an empty ``<think></think>``): then the output is all answer, and a constraint applies from its start."""
+    return THINK_END in prompt_tail
+
+
+def constrained_after_thinking(params: SamplingParams, prompt_tail: str) -> SamplingParams:
+    """With a reasoning parser: the request's output constraint (structured outputs, a forced tool call)
+    applies after the thinking the output starts with, unless the prompt closed the thinking."""
+    constraint = params.structured_outputs
+    if constraint is None or thinking_closed(prompt_tail):
+        return params
+    after = StructuredOutputs(**constraint.model_dump(by_alias=True, exclude_defaults=True), reasoning_end=THINK_END)  # anew: its key is cached
+    return params.model_copy(update={"structured_outputs": after})

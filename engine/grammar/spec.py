@@ -34,7 +34,23 @@ def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
 
 
 def grammar_text(constraint: StructuredOutputs) -> str:
-    """The llguidance grammar (its JSON form) of ``constraint``; raises `GrammarError` when it is not even well-formed."""
+    """The llguidance grammar (its JSON form) of ``constraint``, free text until its ``reasoning_end``
+    when it has one (`after_free_text`); raises `GrammarError` when it is not even well-formed."""
+    text = _answer_grammar(constraint)
+    return text if constraint.reasoning_end is None else after_free_text(text, constraint.reasoning_end)
+
+
+def after_free_text(answer: str, end: str) -> str:
+    """Free text up to and with ``end`` (a lazy match: the first ``end`` closes it), then ``answer``: a
+    reasoning model thinks freely and its answer is constrained (llguidance's nested grammars)."""
+    top = json.loads(answer) if answer.lstrip().startswith("{") else {"grammars": [{"lark_grammar": answer}]}  # its JSON form, or Lark
+    top["grammars"][0]["name"] = "constrained_answer"
+    lark = f"start: thinking @constrained_answer\nthinking[lazy]: FREE_TEXT {json.dumps(end)}\nFREE_TEXT: /(.|\\n)*/"
+    top["grammars"].insert(0, {"lark_grammar": lark})
+    return json.dumps(top)
+
+
+def _answer_grammar(constraint: StructuredOutputs) -> str:
     matcher = llguidance.LLMatcher
     try:
         if constraint.json_ is not None:

@@ -95,3 +95,32 @@ def test_a_trigger_written_like_a_special_token_is_text():
     constraint = StructuredOutputs(structural_tag=tag)
     assert grammar_error(constraint, GrammarLimits()) is None
     assert accepts(constraint, 'It is <city>"Paris"</city>.') and not accepts(constraint, "It is <city>Paris</city>.")
+
+
+@pytest.mark.parametrize("fields", [{"json": OBJECT}, {"regex": "[0-9]{3}"}, {"choice": ["yes", "no"]}, {"grammar": 'start: "a"+'}, {"structural_tag": TAG}])
+def test_with_reasoning_end_the_constraint_applies_after_the_thinking(fields):
+    answers = {"json": '{"a":1}', "regex": "123", "choice": "no", "grammar": "aaa", "structural_tag": 'x <function=add>{"x":1}</function>'}
+    answer = answers[next(iter(fields))]
+    thinking = StructuredOutputs(**fields, reasoning_end="</think>")
+    assert grammar_error(thinking, GrammarLimits()) is None
+    assert accepts(thinking, f"<think>Any text, {{not JSON</think>{answer}")
+    assert accepts(thinking, f"Any text</think>{answer}")
+    if "structural_tag" not in fields:  # a structural tag's text after its tags is free
+        assert not accepts(thinking, f"<think>a</think>{answer}</think>")
+    assert not accepts(thinking, answer)  # the thinking must end first
+    assert accepts(StructuredOutputs(**fields), answer)
+
+
+def test_an_engine_runs_a_constraint_that_waits_for_the_thinking_to_end(tiny_checkpoint):
+    """The engine compiles and steps such a grammar: the tiny random model writes no ``</think>`` in
+    its few tokens, so every token stays free, and the request ends as its length allows."""
+    from engine.outputs import FinishReason
+    from sampling.params import SamplingParams
+    from tests.engine.conftest import run_until_done
+    from tests.engine.test_grammar_limits import PROMPT, tiny_engine
+
+    engine = tiny_engine(tiny_checkpoint)
+    constraint = {"regex": "[0-9]{3}", "reasoning_end": "</think>"}
+    engine.add_request("r", PROMPT, SamplingParams(temperature=1.0, seed=3, max_tokens=6, structured_outputs=constraint))
+    outputs = run_until_done(engine)
+    assert outputs["r"][-1].finish_reason == FinishReason.LENGTH

@@ -17,7 +17,7 @@ from deployments.anthropic.messages_writer import MessageBuilder, message_body, 
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
-from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter
+from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter, constrained_after_thinking
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
 from detok import initial_state
@@ -153,3 +153,12 @@ def test_the_split_is_exact_whatever_the_split_of_tokens_into_engine_messages(pa
     deltas = stream(THINK_TOKENIZER, state, split_ids(ids, sizes)).deltas
     assert "".join(deltas) == TEXT
     assert split(parser, deltas) == ("\nThe user asks for a city.\n", "\n\nParis.")
+
+
+def test_a_constraint_applies_after_the_thinking_unless_the_prompt_closed_it():
+    params = SamplingParams(structured_outputs={"json": {"type": "object"}})
+    thinking = constrained_after_thinking(params, "<|im_start|>assistant\n<think>\n")
+    assert thinking.structured_outputs.reasoning_end == "</think>" and thinking.structured_outputs.json_ == {"type": "object"}
+    assert thinking.structured_outputs.key != params.structured_outputs.key  # compiled apart
+    assert constrained_after_thinking(params, "assistant\n<think>\n\n</think>\n\n") is params  # thinking off (Qwen3)
+    assert constrained_after_thinking(SamplingParams(), "<think>\n").structured_outputs is None
