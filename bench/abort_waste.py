@@ -39,11 +39,12 @@ from contextlib import aclosing
 
 import httpx
 
-from bench.common import print_table, quietness, write_results
-from bench.load_client import percentile
-from bench.serve_cluster import PROXY_OPTIONS, ServeCluster
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.load_client import percentile
+from bench.lib.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
+from deployments.engine_actor import EngineHandle
 from deployments.ingress import app_engine
 from engine.config import DEFAULT_MODEL
 
@@ -71,11 +72,11 @@ async def chunks(client: httpx.AsyncClient, body: dict) -> AsyncIterator[dict]:
                 yield json.loads(line[len("data: ") :])
 
 
-async def engine_idle(engine: object) -> None:
+async def engine_idle(engine: EngineHandle) -> None:
     """Wait until the engine runs and queues nothing: every abort has landed."""
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while time.monotonic() < deadline:
-        stats = await engine.stats.remote()  # type: ignore[attr-defined]
+        stats = await engine.stats.remote()
         if stats["running"] == 0 and stats["waiting"] == 0:
             return
         await asyncio.sleep(0.05)
@@ -112,7 +113,7 @@ async def stop_string_stream(client: httpx.AsyncClient, model: str, index: int, 
     return request_id, needed
 
 
-async def disconnecting_stream(client: httpx.AsyncClient, engine: object, model: str, index: int) -> tuple[str, int]:
+async def disconnecting_stream(client: httpx.AsyncClient, engine: EngineHandle, model: str, index: int) -> tuple[str, int]:
     """Read ``READ_BEFORE_CLOSE`` tokens, close the connection, and ask the engine for the request's
     count as soon as the close returns (the client has left then); the id and that count."""
     received = 0
@@ -124,31 +125,31 @@ async def disconnecting_stream(client: httpx.AsyncClient, engine: object, model:
                 break  # leaving the block closes the connection
         else:
             raise RuntimeError(f"request {index} ended before the client left")
-    at_close = await engine.num_generated.remote([request_id])  # type: ignore[attr-defined]
+    at_close = await engine.num_generated.remote([request_id])
     return request_id, at_close[request_id]
 
 
-async def stop_string_round(client: httpx.AsyncClient, engine: object, model: str, stops: list[str]) -> tuple[list[int], float]:
+async def stop_string_round(client: httpx.AsyncClient, engine: EngineHandle, model: str, stops: list[str]) -> tuple[list[int], float]:
     """Waste per request of one round of concurrent stop-string streams, and the mean step time."""
-    steps_before = (await engine.stats.remote())["steps"]  # type: ignore[attr-defined]
+    steps_before = (await engine.stats.remote())["steps"]
     started = time.perf_counter()
     stopped = await asyncio.gather(*(stop_string_stream(client, model, i, s) for i, s in enumerate(stops)))
-    step_ms = (time.perf_counter() - started) * 1e3 / max(1, (await engine.stats.remote())["steps"] - steps_before)  # type: ignore[attr-defined]
+    step_ms = (time.perf_counter() - started) * 1e3 / max(1, (await engine.stats.remote())["steps"] - steps_before)
     await engine_idle(engine)
-    generated = await engine.num_generated.remote([rid for rid, _ in stopped])  # type: ignore[attr-defined]
+    generated = await engine.num_generated.remote([rid for rid, _ in stopped])
     return [generated[rid] - needed for rid, needed in stopped], step_ms
 
 
-async def disconnect_round(client: httpx.AsyncClient, engine: object, model: str, concurrency: int) -> list[int]:
+async def disconnect_round(client: httpx.AsyncClient, engine: EngineHandle, model: str, concurrency: int) -> list[int]:
     """Waste per request of one round of concurrent streams whose clients leave."""
     closed = await asyncio.gather(*(disconnecting_stream(client, engine, model, i) for i in range(concurrency)))
     await engine_idle(engine)
-    generated = await engine.num_generated.remote([rid for rid, _ in closed])  # type: ignore[attr-defined]
+    generated = await engine.num_generated.remote([rid for rid, _ in closed])
     return [generated[rid] - at_close for rid, at_close in closed]
 
 
-async def measure(base_url: str, engine: object, model: str, concurrency: int) -> list[dict]:
-    late_before = (await engine.stats.remote())["late_subscribers"]  # type: ignore[attr-defined]
+async def measure(base_url: str, engine: EngineHandle, model: str, concurrency: int) -> list[dict]:
+    late_before = (await engine.stats.remote())["late_subscribers"]
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     stop_waste: list[int] = []
     disconnect_waste: list[int] = []
@@ -161,7 +162,7 @@ async def measure(base_url: str, engine: object, model: str, concurrency: int) -
             step_ms.append(ms)
             disconnect_waste += await disconnect_round(client, engine, model, concurrency)
     mean_step_ms = statistics.fmean(step_ms)
-    late = (await engine.stats.remote())["late_subscribers"] - late_before  # type: ignore[attr-defined]
+    late = (await engine.stats.remote())["late_subscribers"] - late_before
     return [row(model, concurrency, cause, waste, mean_step_ms, late) for cause, waste in (("stop_string", stop_waste), ("disconnect", disconnect_waste))]
 
 
@@ -197,7 +198,7 @@ def run_model(cluster: ServeCluster, model: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny-random only")
-    parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.serve_cluster)")
+    parser.add_argument("--proxy", choices=PROXY_OPTIONS, default=MAIN_PROXY, help="Serve's HTTP option (see bench.lib.serve_cluster)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     models = ["tiny-random"] if args.quick else ["tiny-random", DEFAULT_MODEL]

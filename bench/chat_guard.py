@@ -16,9 +16,9 @@ import os
 import time
 from collections.abc import Callable
 
-from bench.common import print_table, quietness, write_results
+from bench.lib.common import print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import TextTokenizer
 

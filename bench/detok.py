@@ -6,7 +6,7 @@ emoji, CJK, Korean or accented, for each decoder family:
 - ``byte-level``: the default model's tokenizer (exotic words' tokens often split characters,
   which takes the exact general path; the rest takes the no-decode fast path);
 - ``byte-fallback`` and ``metaspace``: SentencePiece-style tokenizers trained on the same text
-  (`bench.sentencepiece_like`), where exotic characters become ``<0xXX>`` runs or ``<unk>``;
+  (`bench.lib.sentencepiece_like`), where exotic characters become ``<0xXX>`` runs or ``<unk>``;
   every token takes the general path (one ``decode_batch`` per step).
 
 The methods:
@@ -43,10 +43,11 @@ import tokenizers
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from bench.common import quietness, write_results
-from bench.sentencepiece_like import train
+from bench.lib.common import quietness, write_results
+from bench.lib.sentencepiece_like import train
 from detok import DetokItem, detokenize_batch, initial_state
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from sampling.params import SamplingParams
 
 LENGTHS = (100, 1000, 4000, 16000, 32000)

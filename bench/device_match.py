@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import device_label, print_table, write_results
+from bench.lib.common import device_label, print_table, write_results
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
-from engine.loader.random_weights import SMOLLM2_SHAPE_RANDOM
+from engine.loader.random_shapes import SMOLLM2_SHAPE_RANDOM
 from sampling.params import SamplingParams
 
 

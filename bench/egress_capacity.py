@@ -1,6 +1,6 @@
 """Egress capacity per GPU, measured with a model-free engine: ``python -m bench.egress_capacity [--quick]``.
 
-A `bench.synthetic_engine.SyntheticEngineActor` emits tokens at a GPU's step rate
+A `bench.lib.synthetic_engine.SyntheticEngineActor` emits tokens at a GPU's step rate
 (`RATES`: 256 streams at 10 ms steps, 512 at 20 ms: 25,600 tokens/s each) and the real app
 (ingress, output router, detokenizer inline or on a pool of one replica, SSE, HAProxy on
 Serve's port as ``make run`` serves) streams them to as many concurrent clients, each
@@ -10,7 +10,7 @@ egress cannot keep up the engine slows down to it: the tokens/s the clients rece
 what one ingress replica sustains on this machine, which also runs the clients.
 
 Each row has the offered and sustained tokens/s, the engine's steps per second, and the
-CPU µs per token of each process kind net of its idle CPU (`bench.process_cpu`). From
+CPU µs per token of each process kind net of its idle CPU (`bench.lib.process_cpu`). From
 those, `sizing` gives the replicas one GPU at that rate needs: an ingress (or detok)
 replica is one event loop, kept to `REPLICA_BUSY_TARGET` of a core. Results go to
 bench/results/egress_capacity.json; the machine's load average before each row is recorded, and each process's idle CPU, read
@@ -28,14 +28,15 @@ from dataclasses import asdict
 
 import ray
 
-from bench.common import print_table, quietness, write_results
-from bench.load_client import completion_body, latency_fields, run_streams
-from bench.process_cpu import cpu_seconds, per_token_us
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.load_client import completion_body, latency_fields, run_streams
+from bench.lib.process_cpu import cpu_seconds, per_token_us
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.synthetic_engine import StepRate, SyntheticEngineActor
 from bench.serve_load import idle_cpu_percent, warm_up
-from bench.synthetic_engine import StepRate, SyntheticEngineActor
 from deployments import build_app
 from deployments.config import ServeArgs
+from deployments.engine_actor import EngineHandle
 from deployments.ingress import ENGINE_NAMESPACE, engine_name
 
 HOST = "127.0.0.1"
@@ -53,7 +54,7 @@ TIMEOUT_S = 600
 SETTLE_S = 2.0
 
 
-def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> object:
+def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> EngineHandle:
     """The synthetic engine under the name the app's ingress (built with ``options``) looks its engine up by."""
     actor = ray.remote(max_concurrency=10_000)(SyntheticEngineActor)
     name = engine_name(app, ServeArgs.from_options(options, os.environ), 0)
@@ -69,7 +70,7 @@ def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) 
     warm_up(cluster.port, MODEL)
     bodies = [completion_body(MODEL, i, max_tokens, stream=True) for i in range(rate.max_num_seqs)]
     load_average = os.getloadavg()[0]
-    steps_before = ray.get(engine.stats.remote())["steps"]  # type: ignore[attr-defined]
+    steps_before = ray.get(engine.stats.remote())["steps"]
     before = cpu_seconds()
     results, elapsed = asyncio.run(run_streams(HOST, cluster.port, bodies, TIMEOUT_S))
     after = cpu_seconds()
@@ -78,7 +79,7 @@ def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) 
     idle = {"detok": detok, "max_num_seqs": rate.max_num_seqs} | idle_cpu_percent()
     idle_cores = {key.removeprefix("idle_pct_"): pct / 100 for key, pct in idle.items() if key.startswith("idle_pct_")}
     cpu = per_token_us(before, after, sum(r.tokens for r in results), idle_cores, elapsed)
-    steps = ray.get(engine.stats.remote())["steps"] - steps_before  # type: ignore[attr-defined]
+    steps = ray.get(engine.stats.remote())["steps"] - steps_before
     cluster.delete(app)
     row = {"detok": detok, "streams": rate.max_num_seqs, "step_ms": rate.step_s * 1e3, "offered_tokens_per_s": rate.tokens_per_s}
     row |= latency_fields(results, [None] * len(results), elapsed)

@@ -27,10 +27,10 @@ import time
 import uvicorn
 from starlette.responses import StreamingResponse
 
-from bench.common import print_table, write_results
-from bench.load_client import run_streams
-from bench.process_cpu import TICKS_PER_S
-from bench.serve_cluster import free_port
+from bench.lib.common import print_table, write_results
+from bench.lib.load_client import run_streams
+from bench.lib.process_cpu import TICKS_PER_S
+from bench.lib.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
 from deployments.engine_client import EngineClient, Submission
@@ -41,7 +41,7 @@ from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 

@@ -1,22 +1,22 @@
 """Spout's front against vLLM's API server: CPU per streamed token with an ordinary client.
 
 ``python -m bench.egress_peers [--quick]`` writes the egress benchmarks' tiny model
-(`bench.hf_export.EGRESS_TINY`: 2 layers, hidden 128, head_dim 64, the default model's
+(`bench.lib.hf_export.EGRESS_TINY`: 2 layers, hidden 128, head_dim 64, the default model's
 tokenizer, random weights) once as a HF folder under the ignored ``.cache/``, and serves it,
 one server after the other, on loopback:
 
 - Spout's app on its defaults as ``make run`` starts it: Serve's fast path with HAProxy on
-  Serve's port in front of the ingress replica (`bench.serve_cluster.DEFAULT_PROXY`),
+  Serve's port in front of the ingress replica (`bench.lib.serve_cluster.DEFAULT_PROXY`),
   ``build_app({"model": <folder>})``;
-- vLLM's CPU build (`bench.vllm_cpu_build`), ``python -m vllm.entrypoints.openai.api_server``
+- vLLM's CPU build (`bench.lib.vllm_cpu_build`), ``python -m vllm.entrypoints.openai.api_server``
   on the same folder in float32, ``--max-num-seqs 256`` (Spout's default), its engine bound to
   `VLLM_THREADS` core, without uvicorn's access log (Spout writes none).
 
-Each server gets the same load from the same client: the httpx client of `bench.load_client`
+Each server gets the same load from the same client: the httpx client of `bench.lib.load_client`
 (one ``httpx.AsyncClient``, each SSE line read as the ``openai`` SDK does), 16, 64 and 256
 concurrent streaming completions of 64 tokens, greedy, ``ignore_eos``, ``include_usage``, in
 rounds until a level has streamed `MIN_TOKENS` tokens. CPU seconds of each process kind come
-from /proc before and after a level (`bench.process_cpu`; the client excluded), divided by the
+from /proc before and after a level (`bench.lib.process_cpu`; the client excluded), divided by the
 tokens the client counted. The front is what stands between the engine and the client's socket:
 for Spout HAProxy and Serve's proxy manager (``proxy``), the ingress replicas, the detok
 replicas and Serve's controller; for vLLM its API server process. Rows are raw CPU, idle
@@ -34,12 +34,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench import vllm_cpu_build
-from bench.common import RESULTS_DIR, print_table, quietness, write_results
-from bench.hf_export import egress_tiny_checkpoint, export_hf_folder
-from bench.load_client import StreamResult, completion_body, latency_fields, run_streams
-from bench.process_cpu import cpu_seconds, cpu_used
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
+from bench.lib import vllm_cpu_build
+from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
+from bench.lib.hf_export import egress_tiny_checkpoint, export_hf_folder
+from bench.lib.load_client import StreamResult, completion_body, latency_fields, run_streams
+from bench.lib.process_cpu import cpu_seconds, cpu_used
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
 from bench.serve_load import HOST, idle_cpu_percent, warm_up
 from deployments import build_app
 
@@ -61,7 +61,7 @@ PROCESS_GROUPS: dict[str, tuple[str, ...]] = {
     SPOUT: ("ingress", "detok", "proxy", "controller", "engine", "ray_system"),
     VLLM: ("vllm_api", "vllm_engine"),
 }
-"""The process kinds (`bench.process_cpu`) each server's rows split its CPU into."""
+"""The process kinds (`bench.lib.process_cpu`) each server's rows split its CPU into."""
 FRONT_KINDS: dict[str, tuple[str, ...]] = {SPOUT: ("ingress", "detok", "proxy", "controller"), VLLM: ("vllm_api",)}
 
 Level = tuple[int, list[StreamResult], float, dict[str, float], float]

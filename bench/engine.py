@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import device_label, print_table, quietness, write_results
+from bench.lib.common import device_label, print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint, random_checkpoint
-from engine.loader.random_weights import RANDOM_MODEL_SHAPES
+from engine.loader.random_shapes import RANDOM_MODEL_SHAPES
 from engine.model_runner import resolve_device
 from sampling.params import SamplingParams
 

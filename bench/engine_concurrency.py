@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import device_label, print_table, quietness, write_results
+from bench.lib.common import device_label, print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint

@@ -5,7 +5,7 @@ the engine imports that a bare GPU machine lacks (for its Python 3.12, at the ve
 into ``.gpu/wheels`` and exports the default model's tokenizer to ``.gpu/tokenizer`` (its 98 MB GGUF
 is too large to carry). On the GPU machine, ``make gpu-check OUT=DIR`` (``python -m bench.gpu_check
 run --out DIR``) installs those wheels into ``.gpu/site``, then runs each step below as its own
-process under its own time limit (9 minutes in all); a step that fails or runs out of time is
+process under its own time limit (540 s in all; SIGINT 20 s before it, so pytest prints its failures); a step that fails or runs out of time is
 recorded and the run goes on:
 
 - ``device_match``: greedy tokens on CUDA in float32 and bfloat16, eager and with graphs, against the CPU's;
@@ -29,13 +29,14 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import machine_info
+from bench.lib.common import machine_info
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARED = REPO / ".gpu"
@@ -49,6 +50,8 @@ CARRIED_PACKAGES = (
 )
 """What the engine, its tests and its benchmarks import that the GPU machine's image lacks (or has too old)."""
 DEVICE_PYTHON = "3.12"
+INTERRUPT_GRACE_S = 20
+"""Seconds a step has between SIGINT and its time limit (pytest writes its failures' tracebacks then)."""
 DEVICE_PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -77,7 +80,7 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         return Step(name, [sys.executable, "-m", module, *arguments.split(), "--out", str(out / f"{name}_cuda.json")], timeout_s)
 
     def tests(arguments: str, timeout_s: float) -> Step:
-        return Step("tests", [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *arguments.split()], timeout_s)
+        return Step("tests", [sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "-rfE", *arguments.split()], timeout_s)
 
     if dry_run:
         tiny = "--device cpu --model tiny-random"
@@ -90,12 +93,20 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         ]
     return [
         bench("device_match", "bench.device_match", "--device cuda", 50),
-        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random", 90),
-        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16", 110),
+        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random", 80),
+        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16", 90),
         bench("sampler", "bench.sampler", "--device cuda --batch 1 32 128 256 --vocab 49152 128256 --budget-s 0.1", 70),
         bench("engine_concurrency", "bench.engine_concurrency", "--device cuda --model smollm2-shape-random", 50),
-        tests("--timeout=120 tests/sampling tests/engine --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py", 160),
+        tests(f"--timeout=120 {' '.join(cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py", 200),
     ]
+
+
+def cuda_test_order() -> list[str]:
+    """The CUDA tests, what has never run on a GPU first: the top-set sampler kernel's tests, then
+    tests/engine, then the rest of tests/sampling (a run stopped at its limit has done the first)."""
+    sampling = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests" / "sampling").glob("test_*.py"))
+    top_set = [path for path in sampling if "top_set" in path]
+    return [*top_set, "tests/engine", *(path for path in sampling if path not in top_set)]
 
 
 def step_environment(site: Path | None) -> dict[str, str]:
@@ -103,7 +114,7 @@ def step_environment(site: Path | None) -> dict[str, str]:
     default model is not installed. Called once the wheels are installed: the loader imports some of them."""
     if site:
         sys.path.insert(0, str(site))
-    from engine.loader.checkpoint import DEFAULT_MODEL_PACKAGE, DEFAULT_TOKENIZER_ENV
+    from engine.loader.model_files import DEFAULT_MODEL_PACKAGE, DEFAULT_TOKENIZER_ENV
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site or ""), str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -116,12 +127,7 @@ def run_step(step: Step, env: dict[str, str], log) -> StepResult:
     log.write(f"\n===== {step.name}: {' '.join(step.command)} (limit {step.timeout_s:.0f} s)\n")
     log.flush()
     started = time.perf_counter()
-    try:
-        completed = subprocess.run(step.command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=step.timeout_s)
-        output, returncode = completed.stdout, completed.returncode
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-        returncode = None
+    output, returncode = run_interrupted_at_limit(step.command, env, step.timeout_s)
     seconds = time.perf_counter() - started
     log.write(output)
     log.write(f"===== {step.name}: exit {returncode} after {seconds:.1f} s\n")
@@ -129,6 +135,22 @@ def run_step(step: Step, env: dict[str, str], log) -> StepResult:
     failed = failed_tests(output)
     print(f"{step.name}: exit {returncode} after {seconds:.1f} s" + (f", {len(failed)} failed" if failed else ""), flush=True)
     return StepResult(step.name, step.command, returncode, round(seconds, 1), failed)
+
+
+def run_interrupted_at_limit(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[str, int | None]:
+    """(output, exit status or None when stopped at the limit). At ``timeout_s - INTERRUPT_GRACE_S`` the
+    step gets SIGINT, so pytest prints the tracebacks of what failed so far; it is killed at ``timeout_s``."""
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        return process.communicate(timeout=max(timeout_s - INTERRUPT_GRACE_S, 1))[0], process.returncode
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+    try:
+        output = process.communicate(timeout=INTERRUPT_GRACE_S)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output = process.communicate()[0]
+    return output, None
 
 
 def failed_tests(pytest_output: str) -> list[str]:
@@ -169,7 +191,7 @@ def run(out: Path, dry_run: bool, only: list[str] | None = None) -> list[StepRes
 
 def prepare() -> None:
     """Download the carried wheels at this machine's versions, for the GPU machine's Python, and export the tokenizer."""
-    from engine.loader.checkpoint import export_default_tokenizer
+    from engine.loader.model_files import export_default_tokenizer
 
     WHEELS.mkdir(parents=True, exist_ok=True)
     for stale in WHEELS.glob("*.whl"):

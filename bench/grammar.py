@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import print_table, quietness, write_results
-from engine.loader.checkpoint import load_tokenizer
+from bench.lib.common import print_table, quietness, write_results
+from engine.loader.model_files import load_tokenizer
 from engine.tokenizer import TextTokenizer
 
 BATCH_SIZES = (1, 32, 256)

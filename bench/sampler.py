@@ -5,7 +5,7 @@ prints a table and writes bench/results/sampler.json (or ``--out``) with rows {d
 kernel, passes_mean, passes_max, counted_passes_mean}, torch's intra-op thread count and the machine's quietness (load
 average when it began).
 
-The pass columns are the Triton kernel's reads of [B, V] per row (`bench.sampler_passes`): on the CPU the kernel
+The pass columns are the Triton kernel's reads of [B, V] per row (`bench.lib.sampler_passes`): on the CPU the kernel
 runs under ``TRITON_INTERPRET=1`` on the first ``--pass-rows`` rows (a row's passes do not depend on the others)
 and its loads are counted; on CUDA every row reports its own count. ``ours_ms`` is the CPU's torch path on the
 CPU and the Triton path on CUDA.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import print_table, quietness, write_results
-from bench.sampler_passes import interpreter_ready, kernel_passes
+from bench.lib.common import print_table, quietness, write_results
+from bench.lib.sampler_passes import interpreter_ready, kernel_passes
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler

@@ -1,7 +1,7 @@
 """Egress load: N concurrent streaming clients against the real Serve app on loopback.
 
 ``python -m bench.serve_load [--quick]`` starts Ray and the apps itself and, for each
-model, Serve proxy option (`bench.serve_cluster`) and mode, starts N streams at once
+model, Serve proxy option (`bench.lib.serve_cluster`) and mode, starts N streams at once
 (greedy, ``ignore_eos``) and reports TTFT and inter-token latency p50/p99 (the wait
 between frames that carry text, as a client sees it), output tokens/s, tokens per
 frame, failed and wrong streams (each stream's text against its non-streaming twin),
@@ -12,7 +12,7 @@ are reported apart. Each run also records the processes' idle CPU (% of a core),
 row's CPU is net of it (what each process would have used idle over the row's wall time is
 subtracted), with the 1-minute load average before the row (the machine may be shared).
 
-Each run has a client (`bench.load_client.CLIENTS`: the project's own ``raw`` client or
+Each run has a client (`bench.lib.load_client.CLIENTS`: the project's own ``raw`` client or
 ``httpx``, an ordinary client reading each SSE line as the openai SDK does) and an address:
 ``serve_port`` (Serve's port: its proxy, or HAProxy in front of the replicas) or
 ``replica_port`` (the ingress replica's own, under direct ingress).
@@ -23,7 +23,7 @@ Modes: ``inline`` (detok in the ingress, no pool replica), ``pool_1`` / ``pool_2
 recorded over time from ``serve.status()``), ``inline_si4`` (inline with
 ``stream_interval=4``), ``defaults`` (``make run``'s options), and the per-request-streaming references ``baseline`` (one
 handle call per request, one chunk per token) and ``baseline_50ms`` (Ray Serve LLM's
-default 50 ms chunk batching); see `bench.stream_baseline`. Results go to
+default 50 ms chunk batching); see `bench.lib.stream_baseline`. Results go to
 bench/results/serve_load.json and the plot to bench/results/serve_load.png.
 
 ``--ordinary-client`` (about 2.5 min) runs only `ordinary_client_plan`: the address ``make run``
@@ -41,13 +41,13 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-from bench.common import RESULTS_DIR, print_table, quietness, write_results
-from bench.load_client import completion_body, latency_fields, reference_texts, run_streams
-from bench.process_cpu import cpu_seconds, cpu_used, per_token_us
-from bench.serve_cluster import DEFAULT_PROXY, DIRECT_INGRESS, PROXY_OPTIONS, ReplicaWatcher, ServeCluster
-from bench.serve_plot import plot_rows
-from bench.serve_report import address_table, autoscaling_table, baseline_ratios, proxy_table
-from bench.stream_baseline import build_baseline
+from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
+from bench.lib.load_client import completion_body, latency_fields, reference_texts, run_streams
+from bench.lib.process_cpu import cpu_seconds, cpu_used, per_token_us
+from bench.lib.serve_cluster import DEFAULT_PROXY, DIRECT_INGRESS, PROXY_OPTIONS, ReplicaWatcher, ServeCluster
+from bench.lib.serve_plot import plot_rows
+from bench.lib.serve_report import address_table, autoscaling_table, baseline_ratios, proxy_table
+from bench.lib.stream_baseline import build_baseline
 from deployments import build_app
 
 HOST = "127.0.0.1"

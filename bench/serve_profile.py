@@ -21,10 +21,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, machine_info
-from bench.load_client import completion_body, run_streams
-from bench.process_cpu import cpu_seconds
-from bench.serve_cluster import ServeCluster
+from bench.lib.common import RESULTS_DIR, machine_info
+from bench.lib.load_client import completion_body, run_streams
+from bench.lib.process_cpu import cpu_seconds
+from bench.lib.serve_cluster import ServeCluster
 from bench.serve_load import HOST, MAIN_PROXY, TIMEOUT_S, Run, build, warm_up
 
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))

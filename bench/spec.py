@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.common import device_label, print_table, write_results
+from bench.lib.common import device_label, print_table, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint

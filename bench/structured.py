@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import device_label, print_table, quietness, write_results
 from bench.grammar import SCHEMA as ORDER_SCHEMA
+from bench.lib.common import device_label, print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import load_checkpoint
-from engine.loader.random_weights import TINY_RANDOM
+from engine.loader.random_shapes import TINY_RANDOM
 from sampling.params import SamplingParams
 
 BATCHES = (1, 32, 256)

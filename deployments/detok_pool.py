@@ -7,10 +7,11 @@ import logging
 from collections.abc import Sequence
 
 from ray.serve.config import AutoscalingContext
+from ray.serve.handle import DeploymentHandle
 from tokenizers import Tokenizer
 
 from detok import DetokItem, DetokResult, detokenize_batch
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class DetokClient:
     the function is pure and the states live with the caller.
     """
 
-    def __init__(self, tokenizer: Tokenizer, pool_handle: object | None, inline_threshold: int, tokens_per_call: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, pool_handle: DeploymentHandle[Detokenizer] | None, inline_threshold: int, tokens_per_call: int) -> None:
         self.tokenizer = tokenizer
         detokenize_batch(tokenizer, ())  # builds the tokenizer's tables now, not in a request
         self.pool = pool_handle
@@ -75,19 +76,19 @@ class DetokClient:
             return detokenize_batch(self.tokenizer, items)
         self.pool_batches += 1
         parts = split_by_tokens(items, self.tokens_per_call)
-        responses = [self.pool.detokenize.remote(part, len(parts)) for part in parts]  # type: ignore[attr-defined]
+        responses = [self.pool.detokenize.remote(part, len(parts)) for part in parts]
         results: list[DetokResult] = []
         for part, response in zip(parts, responses):
-            results.extend(await self._pool_call(part, response, len(parts)))
+            results.extend(await self._pool_call(self.pool, part, response, len(parts)))
         return results
 
-    async def _pool_call(self, items: list[DetokItem], response: object, fanout: int) -> list[DetokResult]:
+    async def _pool_call(self, pool: DeploymentHandle[Detokenizer], items: list[DetokItem], response: object, fanout: int) -> list[DetokResult]:
         try:
             return await asyncio.wait_for(response, POOL_CALL_TIMEOUT_S)  # type: ignore[arg-type]
         except Exception as error:
             logger.warning("detok pool call failed (%s); retrying", error)
         try:
-            return await asyncio.wait_for(self.pool.detokenize.remote(items, fanout), POOL_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            return await asyncio.wait_for(pool.detokenize.remote(items, fanout), POOL_CALL_TIMEOUT_S)
         except Exception as error:
             logger.warning("detok pool retry failed (%s); detokenizing inline", error)
             return detokenize_batch(self.tokenizer, items)

@@ -27,6 +27,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import ray
+from ray.actor import ActorProxy
+
 from deployments.output_columns import from_columns, to_columns
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
@@ -109,7 +112,8 @@ class _Subscriber:
 
 
 class EngineActor:
-    """Wrap with ``ray.remote`` (see `deployments.app`); methods are called by ingress replicas.
+    """Wrap with ``ray.remote`` (see `deployments.ingress.engine_handles`); the methods marked ``@ray.method`` are
+    called by ingress replicas through an `EngineHandle`, which types their ``.remote`` calls.
 
     All engine work happens on one thread: calls are queued as commands and applied
     at the next step boundary, so nothing contends for a lock with the step loop.
@@ -138,27 +142,31 @@ class EngineActor:
         self.engine = loaded.result()  # what loading raised, raised here
 
     def _load(self, config: EngineConfig) -> EngineCore:
-        """The engine this actor runs (`bench.synthetic_engine` overrides it with a model-free one)."""
+        """The engine this actor runs (`bench.lib.synthetic_engine` overrides it with a model-free one)."""
         return EngineCore(config)
 
     # --- called by ingress replicas -------------------------------------------------
 
+    @ray.method
     async def ready(self) -> int:
         """The engine's context length, once the model is loaded."""
         self._bind_loop()
         return self.engine.max_model_len
 
+    @ray.method
     async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> Added:
         """Queue requests whose outputs go to ``subscriber``; why each refused request was refused."""
         self._subscriber(subscriber)
         return Added(self.incarnation, await self._call(lambda: [self._add(subscriber, r) for r in requests]))
 
+    @ray.method
     async def abort_requests(self, request_ids: list[str]) -> int:
         """Abort these requests (or, not added yet, refuse them when they are); the incarnation."""
         await self._call(lambda: self._abort(request_ids))
         return self.incarnation
 
-    async def get_outputs(self, subscriber: str, timeout_s: float = 1.0, aborts: list[str] | None = None) -> Polled:
+    @ray.method
+    async def get_outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
         """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some.
 
         The call also aborts ``aborts`` (the subscriber found them while routing the outputs of its
@@ -184,6 +192,7 @@ class EngineActor:
         mailbox.taken_step = mailbox.delivered_step
         return Polled(self.incarnation, outputs)
 
+    @ray.method
     async def stats(self) -> dict[str, float]:
         engine = self.engine
         return await self._call(
@@ -206,10 +215,12 @@ class EngineActor:
             }
         )
 
+    @ray.method
     async def num_generated(self, request_ids: list[str]) -> dict[str, int]:
         """Tokens generated per request (live or recently finished), from the engine's own counters."""
         return await self._call(lambda: {r: self.engine.num_generated(r) for r in request_ids})
 
+    @ray.method
     async def shutdown(self) -> None:
         """Stop the engine thread after its current step (for in-process use; Ray ends the process)."""
         self.stopping = True
@@ -347,3 +358,8 @@ class EngineActor:
             mailbox.outputs.extend(outputs)
             mailbox.delivered_step = step
             mailbox.ready.set()
+
+
+EngineHandle = ActorProxy[EngineActor]
+"""A handle to an engine actor, as Ray types it: ``engine.add_requests.remote(subscriber, requests)`` is checked
+against `EngineActor.add_requests`, and awaiting it gives an `Added`."""

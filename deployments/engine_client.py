@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
-from deployments.engine_actor import NewRequest, Refusal
+from deployments.engine_actor import EngineHandle, NewRequest, Refusal
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.errors import APIError
@@ -50,7 +50,7 @@ class EngineClient:
 
     def __init__(
         self,
-        engines: list[object],
+        engines: list[EngineHandle],
         subscriber: str,
         encoder: PromptEncoder,
         detok: DetokClient,
@@ -74,7 +74,7 @@ class EngineClient:
 
         async def add(requests: list[NewRequest]) -> list[tuple[int, Refusal | None]]:
             """Per request, the engine's incarnation and why it was refused, or None."""
-            reply = await asyncio.wait_for(engine.add_requests.remote(self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            reply = await asyncio.wait_for(engine.add_requests.remote(self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, reply.incarnation)
             return [(reply.incarnation, error) for error in reply.errors]
 
@@ -84,7 +84,7 @@ class EngineClient:
         engine = self.engines[engine_index]
 
         async def abort(request_ids: list[str]) -> list[None]:
-            incarnation = await asyncio.wait_for(engine.abort_requests.remote(request_ids), ENGINE_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            incarnation = await asyncio.wait_for(engine.abort_requests.remote(request_ids), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, incarnation)
             return [None] * len(request_ids)
 

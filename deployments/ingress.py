@@ -14,6 +14,7 @@ from typing import TypeVar
 import ray
 from pydantic import BaseModel
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ApplicationStatus
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -23,8 +24,8 @@ from deployments.anthropic.errors import MESSAGES_PATH
 from deployments.anthropic.errors import error_response as anthropic_error_response
 from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
-from deployments.detok_pool import DetokClient
-from deployments.engine_actor import EngineActor
+from deployments.detok_pool import DetokClient, Detokenizer
+from deployments.engine_actor import EngineActor, EngineHandle
 from deployments.engine_client import EngineClient
 from deployments.health import SharedCheck
 from deployments.in_flight import ChoiceReservations, Reservation
@@ -51,7 +52,7 @@ from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, local_addresses
 from deployments.prompt_encoder import PromptEncoder
 from deployments.token_routes import TokenRoutes
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
 from sampling.params import SamplingParams
@@ -102,7 +103,7 @@ def engine_placement(args: ServeArgs, cluster_resources: dict[str, float]) -> tu
     return args.num_engines or max(gpus, 1), {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
 
 
-def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
+def engine_handles(args: ServeArgs, app_name: str) -> list[EngineHandle]:
     """The application's engine actors (`engine_placement`): created by the first replica that
     asks, then found by name. They are detached, so they belong to the application, not to that
     replica: they outlive every ingress replica, and Ray restarts them when they die (on a node
@@ -121,7 +122,7 @@ def engine_handles(args: ServeArgs, app_name: str) -> list[object]:
     return handles
 
 
-def app_engine(app_name: str, index: int) -> object:
+def app_engine(app_name: str, index: int) -> EngineHandle:
     """Engine actor ``index`` of a Serve application (of its one deployment, once a redeploy has settled)."""
     name = next(name for name in app_engines(app_name) if name.endswith(f"/{index}"))
     return ray.get_actor(name, namespace=ENGINE_NAMESPACE)
@@ -149,7 +150,7 @@ def application_running(app_name: str) -> bool:
 class Ingress(AgentAPIs, TokenRoutes):
     """Serve deployment body (options set in `deployments.app`)."""
 
-    def __init__(self, args: dict, detok_pool: object | None) -> None:
+    def __init__(self, args: dict, detok_pool: DeploymentHandle[Detokenizer] | None) -> None:
         self.args = ServeArgs.from_options(args, os.environ)
         self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
@@ -183,7 +184,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         return await asyncio.shield(self.engine_client)
 
     async def _start(self) -> EngineClient:
-        lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
+        lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]
         self.max_model_len = min(lengths)
         return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval, self.args.stream_idle_timeout_s)
 
@@ -358,10 +359,10 @@ class Ingress(AgentAPIs, TokenRoutes):
     async def _check_engines(self) -> None:
         await asyncio.wait_for(self._ready(), HEALTH_TIMEOUT_S)
         for engine in self.engines:
-            await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)  # type: ignore[attr-defined]
+            await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S)
 
     async def metrics_text(self, request: Request) -> Response:
-        engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]  # type: ignore[attr-defined]
+        engine_stats = [await asyncio.wait_for(engine.stats.remote(), HEALTH_TIMEOUT_S) for engine in self.engines]
         client = await self._ready()
         total = self.detok.inline_batches + self.detok.pool_batches
         replica = ReplicaState(live_choices=len(client.router.streams), detok_inline_share=self.detok.inline_batches / total if total else 1.0)

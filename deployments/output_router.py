@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from deployments.detok_pool import DetokClient
 from deployments.metrics import IngressMetrics
@@ -21,6 +22,9 @@ from deployments.streams import ChoiceStream
 from detok import DetokItem, DetokResult
 from engine.beam.choices import beam_choice_outputs
 from engine.outputs import EngineOutput
+
+if TYPE_CHECKING:
+    from deployments.engine_actor import EngineHandle
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class OutputRouter:
 
     def __init__(
         self,
-        engines: list[object],
+        engines: list[EngineHandle],
         subscriber: str,
         detok: DetokClient,
         metrics: IngressMetrics,
@@ -101,7 +105,7 @@ class OutputRouter:
         while True:
             aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
-                poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)  # type: ignore[attr-defined]
+                poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)
                 polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
             except Exception as error:  # the actor died (Ray restarts it) or hangs
                 logger.error("engine %d failed: %r", engine_index, error)

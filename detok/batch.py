@@ -141,7 +141,7 @@ def _decoded(item: DetokItem, q: _Queued, decodes: Decodes, table: VocabBytes | 
     if item.logprob_token_ids:
         lp_texts = decodes.texts[False][q.logprobs_start : q.logprobs_start + len(item.logprob_token_ids)]
         strings = tuple(token_strings(item.logprob_token_ids, lp_texts, table, pieces))
-    return _Decoded(item, context_chars(state, texts), pieces, step, state.stop_tail + step[0], strings)
+    return _Decoded(item, context_chars(state, texts), pieces, step, state.stop_tail + step.new_text, strings)
 
 
 def _first_match(state: DetokState, buffer: str, num_new: int) -> StopMatch | None:
@@ -182,7 +182,7 @@ def _resolve_stop(decoded: _Decoded, ends: list[int]) -> DetokResult:
 def _finalize(decoded: _Decoded, match: StopMatch | None, keep: int) -> DetokResult:
     """The result and next state, given the stop decision and how many new ids count."""
     state, finished = decoded.item.state, decoded.item.finished
-    _, window, ctx_len, ctx_chars, pending_sent = decoded.advance
+    step = decoded.advance
     if match is None:
         text, tail = split_tail(decoded.buffer, len(state.stop_tail), state.params, finished)
         hit = None
@@ -190,5 +190,5 @@ def _finalize(decoded: _Decoded, match: StopMatch | None, keep: int) -> DetokRes
         text, tail = stop_output(decoded.buffer, len(state.stop_tail), match, state.params.include_stop_str_in_output), ""
         hit = StopHit(match.stop, keep)
     done = finished or hit is not None
-    new_state = DetokState(window, ctx_len, ctx_chars, pending_sent, tail, state.num_output_tokens + keep, done, state.params)
+    new_state = DetokState(step.window, step.ctx_len, step.ctx_chars, step.pending_sent, tail, state.num_output_tokens + keep, done, state.params)
     return DetokResult(text, new_state, hit, None, decoded.token_strings)

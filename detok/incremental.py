@@ -18,6 +18,7 @@ up to the byte run that may still go on, and that run's ids stay pending.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from detok.pieces import REPLACEMENT, Pieces
 from detok.state import CONTEXT_TOKENS, DetokState
@@ -28,8 +29,15 @@ MAX_PENDING = 32
 REBASE_TAIL = 4
 """Ids left pending by a rebase; a split character spans at most four bytes."""
 
-Advance = tuple[str, tuple[int, ...], int, "int | None", int]
-"""``(newly final text, window, ctx_len, ctx_chars, pending_sent)`` after a step."""
+
+class Advance(NamedTuple):
+    """A request's decoding after a step: the text newly final, and the state's next decoding fields."""
+
+    new_text: str
+    window: tuple[int, ...]
+    ctx_len: int
+    ctx_chars: int | None
+    pending_sent: int
 
 
 def rebase_point(state: DetokState, window: tuple[int, ...], pieces: Pieces | None) -> int | None:
@@ -57,7 +65,7 @@ def context_chars(state: DetokState, texts: Sequence[str]) -> int:
 def final_chars(state: DetokState, ctx_chars: int, ids: Sequence[int], text: str, pieces: Pieces | None) -> int:
     """Length of the prefix of ``text == decode(ids)`` (ids: a window) that later ids cannot change."""
     if pieces is not None:
-        return pieces.split_final(ids, text, state.ctx_len, ctx_chars, state.params.skip_special_tokens)[0]
+        return pieces.split_final(ids, text, state.ctx_len, ctx_chars, state.params.skip_special_tokens).final_chars
     return len(text) - 1 if len(text) > ctx_chars and text[-1] == REPLACEMENT else len(text)
 
 
@@ -80,19 +88,19 @@ def advance(
         return _settle(state, window, text[start:], len(text) - ctx_chars, ctx_chars)
     if rebase_at is not None and _in_sync(texts[-2], texts[-1], text):
         keep_from = max(0, rebase_at - CONTEXT_TOKENS)
-        return text[start:end], window[keep_from:], rebase_at - keep_from, None, end - len(texts[-2])
-    return text[start:end], window, state.ctx_len, ctx_chars, end - ctx_chars
+        return Advance(text[start:end], window[keep_from:], rebase_at - keep_from, None, end - len(texts[-2]))
+    return Advance(text[start:end], window, state.ctx_len, ctx_chars, end - ctx_chars)
 
 
 def _settle(state: DetokState, window: tuple[int, ...], new_text: str, pending_chars: int, ctx_chars: int) -> Advance:
     """All byte-level text is final: the pending ids (or, if many, the last few) become the context."""
     pending = window[state.ctx_len :]
     if not pending:
-        return new_text, window, state.ctx_len, ctx_chars, 0
+        return Advance(new_text, window, state.ctx_len, ctx_chars, 0)
     if len(pending) <= CONTEXT_TOKENS:
-        return new_text, pending, len(pending), pending_chars, 0
+        return Advance(new_text, pending, len(pending), pending_chars, 0)
     context = window[-CONTEXT_TOKENS:]
-    return new_text, context, len(context), None, 0
+    return Advance(new_text, context, len(context), None, 0)
 
 
 def _advance_pieces(state: DetokState, window: tuple[int, ...], text: str, ctx_chars: int, final: bool, pieces: Pieces) -> Advance:
@@ -103,10 +111,10 @@ def _advance_pieces(state: DetokState, window: tuple[int, ...], text: str, ctx_c
     skip = state.params.skip_special_tokens
     end, pending_at = (len(text), len(window)) if final else pieces.split_final(window, text, state.ctx_len, ctx_chars, skip)
     if pending_at <= state.ctx_len:
-        return "", window, state.ctx_len, ctx_chars, 0
+        return Advance("", window, state.ctx_len, ctx_chars, 0)
     context = pieces.anchor if state.ctx_len or pieces.renders_text(window[state.ctx_len : pending_at], skip) else ()
     new_text = text[ctx_chars : max(end, ctx_chars)]
-    return new_text, context + window[pending_at:], len(context), pieces.anchor_chars if context else 0, 0
+    return Advance(new_text, context + window[pending_at:], len(context), pieces.anchor_chars if context else 0, 0)
 
 
 def _in_sync(before: str, after: str, whole: str) -> bool:

@@ -23,12 +23,22 @@ import re
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tokenizers import Tokenizer, decoders
 
 REPLACEMENT = "\ufffd"
 
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class FinalSplit(NamedTuple):
+    """Where a window's decoded text stops being final (`Pieces.split_final`)."""
+
+    final_chars: int
+    """How many chars of the text later ids cannot change."""
+    pending_at: int
+    """The index of the first id whose text still may (the window's length if none)."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +62,14 @@ class Pieces:
         """Whether ``ids`` have a piece: then text after them keeps its leading space."""
         return any(not (skip_special_tokens and i in self.special_ids) for i in reversed(ids))
 
-    def split_final(self, ids: Sequence[int], text: str, ctx_len: int, ctx_chars: int, skip_special_tokens: bool) -> tuple[int, int]:
-        """For ``text == decode(ids)`` (ids: a window), how many chars later ids cannot change, and
-        the index of the first id whose text still may (``len(ids)`` if none)."""
+    def split_final(self, ids: Sequence[int], text: str, ctx_len: int, ctx_chars: int, skip_special_tokens: bool) -> FinalSplit:
+        """Where ``text == decode(ids)`` (ids: a window) stops being final."""
         if self.byte_of_id:
             run_at = self._open_run(ids, skip_special_tokens)
-            return (len(text) - self._run_chars(ids[run_at:]) if run_at < len(ids) else len(text)), run_at
+            return FinalSplit(len(text) - self._run_chars(ids[run_at:]) if run_at < len(ids) else len(text), run_at)
         if self.piece_of_id is None and len(text) > ctx_chars and text[-1] == REPLACEMENT:
-            return ctx_chars, ctx_len
-        return len(text), len(ids)
+            return FinalSplit(ctx_chars, ctx_len)
+        return FinalSplit(len(text), len(ids))
 
     def _open_run(self, ids: Sequence[int], skip_special_tokens: bool) -> int:
         """Where the byte run that ends ``ids`` (and may go on) starts; ``len(ids)`` if none does."""

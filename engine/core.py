@@ -19,7 +19,7 @@ from engine.model_runner import InFlightStep, ModelRunner, SampledTokens
 from engine.ngram_drafter import NgramIndex
 from engine.outputs import EngineOutput, FinishReason, RequestError
 from engine.prompt_logprobs import PromptLogprobsRequests
-from engine.request import Guidance, Request, check_stop
+from engine.request import Guidance, Request, Stop, check_stop
 from engine.scheduler import Scheduler
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings, has_strings
@@ -371,15 +371,15 @@ class EngineCore:
     def _append_tokens(self, request: Request, sampled: SampledTokens) -> EngineOutput:
         """Append the step's tokens up to the first stop; the rest (and their logprobs) are dropped."""
         new_token_ids: list[int] = []
-        stop = None
+        stop: Stop | None = None
         if request.params.max_tokens == 0:  # the prompt is scored; the token sampled after it is dropped
             sampled = SampledTokens([], None)
-            stop = FinishReason.LENGTH, None
+            stop = Stop(FinishReason.LENGTH)
         for token_id in sampled.token_ids:
             if token_id < 0:  # the sampler found no token to sample
                 if request.grammar is None:
                     return self._no_token_left(request, new_token_ids)
-                stop = FinishReason.GRAMMAR_DEAD_END, None
+                stop = Stop(FinishReason.GRAMMAR_DEAD_END)
                 break
             request.output_token_ids.append(token_id)
             new_token_ids.append(token_id)
@@ -392,7 +392,7 @@ class EngineCore:
                 advance(request.grammar, new_token_ids)
             output = EngineOutput(request.request_id, new_token_ids, len(request.prompt_token_ids))
         else:
-            output = self._finish(request, *stop, new_token_ids=new_token_ids)
+            output = self._finish(request, stop.reason, stop.stop_token, new_token_ids=new_token_ids)
         output.prompt_logprobs = prompt_logprobs
         num_top = request.params.logprobs
         if sampled.logprobs is not None and num_top is not None:

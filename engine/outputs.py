@@ -1,13 +1,16 @@
 """What the engine reports about a request: its new tokens, logprobs and why it finished.
 
 A leaf: every other module of the engine, and its callers, import these values; they import nothing of the engine.
+A token's logprobs (`TokenLogprobs`, `PromptLogprobs`) are `sampling.token_logprobs`' values, which the wire format
+reads without importing the engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+
+from sampling.token_logprobs import PromptLogprobs, TokenLogprobs
 
 
 class FinishReason(str, Enum):
@@ -18,22 +21,6 @@ class FinishReason(str, Enum):
     """The request failed inside the engine (`EngineOutput.error` says why); the others went on."""
     GRAMMAR_DEAD_END = "grammar_dead_end"
     """Its structured-output grammar left no token to emit (or its other masks banned every one the grammar allows)."""
-
-
-class TokenLogprobs(NamedTuple):
-    """A generated token's logprob and rank, and the request's top-N alternatives."""
-
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-
-class PromptLogprobs(NamedTuple):
-    """What a request's first output carries: its prompt, and ``entries[i]`` for ``token_ids[i + 1]``."""
-
-    token_ids: list[int]
-    entries: list[TokenLogprobs]
 
 
 @dataclass(frozen=True)

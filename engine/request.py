@@ -7,7 +7,7 @@ own modules, keyed by the request: this module imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.kv.sequence_blocks import SequenceBlocks
 from engine.ngram_drafter import NgramIndex
@@ -104,18 +104,25 @@ class Guidance:
     companion: Request
 
 
-def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> tuple[FinishReason, int | None] | None:
+class Stop(NamedTuple):
+    """Why a request ends: the output's finish reason, and the stop token id that ended it (None for EOS or a length)."""
+
+    reason: FinishReason
+    stop_token: int | None = None
+
+
+def check_stop(request: Request, eos_token_ids: tuple[int, ...], max_model_len: int) -> Stop | None:
     """Whether the token just appended ends the request, and why."""
     params = request.params
     num_output = len(request.output_token_ids)
     last = request.output_token_ids[-1]
     if num_output >= params.min_tokens:
         if not params.ignore_eos and last in eos_token_ids:
-            return FinishReason.STOP, None
+            return Stop(FinishReason.STOP)
         if last in request.stop_token_ids:
-            return FinishReason.STOP, last
+            return Stop(FinishReason.STOP, last)
     if params.max_tokens is not None and num_output >= params.max_tokens:
-        return FinishReason.LENGTH, None
+        return Stop(FinishReason.LENGTH)
     if request.context_len >= max_model_len:
-        return FinishReason.LENGTH, None
+        return Stop(FinishReason.LENGTH)
     return None

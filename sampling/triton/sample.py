@@ -6,6 +6,7 @@ import torch
 import triton
 
 from sampling.batch import RowParams
+from sampling.features import Feature
 from sampling.ops.draw import Draw
 from sampling.triton.kernels import truncate_and_draw_kernel
 
@@ -27,7 +28,7 @@ def triton_sample(
     scaled: torch.Tensor,
     p: RowParams,
     row_keys: torch.Tensor,
-    stages: frozenset[str],
+    stages: frozenset[Feature],
     need_processed: bool,
     drafts: torch.Tensor | None,
 ) -> Draw:
@@ -45,8 +46,8 @@ def triton_sample(
     truncate_and_draw_kernel[(triton.cdiv(n, block_r),)](
         scaled, scaled.stride(0), *(c.contiguous() for c in columns), row_keys.contiguous(),
         drafts.contiguous() if drafts is not None else tokens, tokens, accepted, processed, n, vocab,
-        HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
-        HAS_TYPICAL_P="typical_p" in stages, HAS_TOP_N_SIGMA="top_n_sigma" in stages, HAS_XTC="xtc" in stages,
+        HAS_MIN_P=Feature.MIN_P in stages, HAS_TOP_K=Feature.TOP_K in stages, HAS_TOP_P=Feature.TOP_P in stages,
+        HAS_TYPICAL_P=Feature.TYPICAL_P in stages, HAS_TOP_N_SIGMA=Feature.TOP_N_SIGMA in stages, HAS_XTC=Feature.XTC in stages,
         HAS_DRAFTS=drafts is not None, WRITE_PROCESSED=need_processed, BLOCK_R=block_r, BLOCK_V=block_v,
     )  # fmt: skip
     return Draw(

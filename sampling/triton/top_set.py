@@ -82,12 +82,18 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
     """One pass: sums at the candidate weight ``cw`` [R], the race over ``{w >= t_lo, w > excl, w > cw}``,
     and, for ``searching`` rows, the count histogram of the weights >= ``t_min`` in the bracket [k_lo, k_hi).
 
-    Returns (winner [R] int64, found [R], count(w > cw), count(w >= cw), mass(w > cw), mass(w >= cw),
-    mass(w >= t_lo), histogram [R, 2 * NUM_BINS] int32 (bin NUM_BINS and up: outside), count(w >= k_hi),
-    mass(w >= k_hi), mass(w >= k_lo)); the last three over the weights >= ``t_min`` (brackets as float32 bits).
+    Returns (winner [R] int64, its weight [R] as this pass computed it (0 where none), found [R],
+    count(w > cw), count(w >= cw), mass(w > cw), mass(w >= cw), mass(w >= t_lo), histogram
+    [R, 2 * NUM_BINS] int32 (bin NUM_BINS and up: outside), count(w >= k_hi), mass(w >= k_hi),
+    mass(w >= k_lo)); the last three over the weights >= ``t_min`` (brackets as float32 bits).
+
+    The winner's weight is taken from this loop, not recomputed: a GPU compiles the loop's
+    ``exp(x / t - max)`` and a scalar recomputation differently (an ulp apart), and a next candidate
+    whose weight disagrees with the one the next pass compares against can be raced again and again.
     """
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_R], tl.int64)
+    best_w = tl.zeros([BLOCK_R], tl.float32)
     cnt_gt = tl.zeros([BLOCK_R], tl.int32)
     cnt_ge = tl.zeros([BLOCK_R], tl.int32)
     mass_gt = tl.zeros([BLOCK_R], tl.float32)
@@ -118,6 +124,9 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
         racing = gt & low & (w > excl[:, None])
         score = tl.where(racing, race_key(x, key, cols), float("-inf"))
         best, best_idx = merge_winner(score, start, best, best_idx)
+        in_chunk = cols[None, :].to(tl.int64) == best_idx[:, None]  # one column where the winner moved here
+        moved = (best_idx >= start) & (best > float("-inf"))
+        best_w = tl.where(moved, tl.sum(tl.where(in_chunk, w, 0.0), axis=1), best_w)
         if any_search:
             counted &= searching[:, None]
             above += tl.sum((counted & (bits >= k_hi[:, None])).to(tl.int32), axis=1)
@@ -126,7 +135,7 @@ def _check_pass(logits_ptr, row_off, live, key, V, temperature, row_max, t_lo, e
             bins += (tl.arange(0, BLOCK_R) * (2 * NUM_BINS))[:, None]
             flat = tl.histogram(tl.reshape(bins, [BLOCK_R * BLOCK_V]), BLOCK_R * 2 * NUM_BINS)
             hist += tl.reshape(flat, [BLOCK_R, 2 * NUM_BINS])
-    return best_idx, best > float("-inf"), cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo
+    return best_idx, best_w, best > float("-inf"), cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo
 
 
 @triton.jit
@@ -197,7 +206,7 @@ def top_set_sample_kernel(
         passes += pending.to(tl.int32)
         cw_now = tl.where(cand_ok, cw, -1.0)
         shift = _bin_shift(k_lo, k_hi, NUM_BINS)
-        nxt, found, cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo = _check_pass(
+        nxt, nxt_w, found, cnt_gt, cnt_ge, mass_gt, mass_ge, mass_lo, hist, above, mass_khi, mass_klo = _check_pass(
             logits_ptr, row_off, pending, key, V, temperature, row_max, t_lo, excl, cw_now, t_min, searching & pending,
             k_lo, shift, k_hi, BLOCK_R, BLOCK_V, NUM_BINS)  # fmt: skip
         # Is the candidate kept? Top-p's mass M is known unless top-k's threshold is (then it lies in the
@@ -232,7 +241,6 @@ def top_set_sample_kernel(
         dropped = reject | (undecided & (cw < t_lo))
         excl = tl.where(dropped, cw, excl)
         replace = pending & ~accept & (dropped | ~cand_ok)
-        nxt_w = tl.exp(_scaled_at(logits_ptr, row_off, replace & found, nxt, temperature) - row_max)
         token = tl.where(replace, nxt, token)
         cw = tl.where(replace, nxt_w, cw)
         cand_ok = tl.where(replace, found & (nxt_w >= t_lo) & (nxt_w > excl), cand_ok)

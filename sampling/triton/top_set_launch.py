@@ -8,9 +8,10 @@ import torch
 import triton
 
 from sampling.batch import RowParams
+from sampling.features import Feature
 from sampling.triton.top_set import top_set_sample_kernel
 
-TOP_SET_STAGES = frozenset({"min_p", "top_k", "top_p"})
+TOP_SET_STAGES = frozenset({Feature.MIN_P, Feature.TOP_K, Feature.TOP_P})
 """The truncations this kernel handles; any other goes to `truncate_and_draw_kernel`."""
 NUM_BINS = 1024
 """Bins of the top-k radix select: 10 bits of the bracket per pass."""
@@ -39,7 +40,7 @@ def block_sizes(num_rows: int, vocab_size: int, interpret: bool) -> tuple[int, i
     return min(triton.next_power_of_2(num_rows), rows), block_v
 
 
-def top_set_sample(logits: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[str], blocks: tuple[int, int] | None = None) -> TopSetDraw:
+def top_set_sample(logits: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[Feature], blocks: tuple[int, int] | None = None) -> TopSetDraw:
     """Temperature, the ``stages`` (a subset of `TOP_SET_STAGES`) and the draw for every row in one launch;
     greedy rows get their first argmax.
 
@@ -56,7 +57,7 @@ def top_set_sample(logits: torch.Tensor, p: RowParams, row_keys: torch.Tensor, s
     columns = (p.temperature, p.is_greedy, p.min_p, p.top_k, p.top_p, row_keys)
     top_set_sample_kernel[(triton.cdiv(n, block_r),)](
         logits, logits.stride(0), *(c.contiguous() for c in columns), tokens, passes, n, vocab,
-        HAS_MIN_P="min_p" in stages, HAS_TOP_K="top_k" in stages, HAS_TOP_P="top_p" in stages,
+        HAS_MIN_P=Feature.MIN_P in stages, HAS_TOP_K=Feature.TOP_K in stages, HAS_TOP_P=Feature.TOP_P in stages,
         BLOCK_R=block_r, BLOCK_V=block_v, NUM_BINS=NUM_BINS, num_warps=8 if block_v >= 4096 else 4,
     )  # fmt: skip
     return TopSetDraw(tokens, passes)

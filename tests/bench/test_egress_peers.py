@@ -4,7 +4,7 @@ starting a server: the front's µs per token, the per-kind split, the ratios, th
 from __future__ import annotations
 
 from bench.egress_peers import SPOUT, VLLM, front_ratios, level_row, print_rows, rounds
-from bench.load_client import StreamResult
+from bench.lib.load_client import StreamResult
 
 
 def streams(texts: list[str], tokens: int) -> list[StreamResult]:

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.gpu_check import failed_tests, steps
+from bench import gpu_check
+from bench.gpu_check import failed_tests, run_interrupted_at_limit, steps
 
 DEVICE_CALL_S = 600
 """One command on a lent GPU machine runs at most this long; the steps' limits must leave room for installing the wheels."""
@@ -22,6 +23,14 @@ def test_full_run_fits_one_device_call(tmp_path):
     assert len(outputs) + 2 <= MAX_FILES  # the benchmarks' JSON, the log and the summary
     assert all(step.command.count("cuda") == 1 for step in full if step.name != "tests")
     assert {step.name for step in full} >= {step.name for step in steps(tmp_path, dry_run=True)}
+
+
+def test_a_step_at_its_limit_is_interrupted_first_so_pytest_can_report(monkeypatch):
+    monkeypatch.setattr(gpu_check, "INTERRUPT_GRACE_S", 5)
+    sleeper = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted, reporting')"
+    output, returncode = run_interrupted_at_limit([sys.executable, "-c", sleeper], {}, timeout_s=6)
+    assert returncode is None
+    assert "interrupted, reporting" in output
 
 
 def test_failed_tests_are_read_from_verbose_lines_and_the_summary():

@@ -1,4 +1,4 @@
-"""`bench.hf_export`: the folder it writes loads back through Spout's own HF loader unchanged."""
+"""`bench.lib.hf_export`: the folder it writes loads back through Spout's own HF loader unchanged."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from bench.hf_export import EGRESS_TINY, egress_tiny_checkpoint, export_hf_folder
+from bench.lib.hf_export import EGRESS_TINY, egress_tiny_checkpoint, export_hf_folder
 from engine.loader.checkpoint import load_checkpoint
 
 

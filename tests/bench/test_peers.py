@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench import vllm_cpu_build
-from bench.load_client import StreamResult, completion_body, stream_one
+from bench.lib import vllm_cpu_build
+from bench.lib.load_client import StreamResult, completion_body, stream_one
 from bench.peers import VLLM_ARGS, VLLM_KV_CACHE_GIB, row, table_rows
 
 LLAMA_CPP_FRAMES = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench.stream_baseline import EngineServer
+from bench.lib.stream_baseline import EngineServer
 from deployments.openai.responses import ResponseFormat
 from engine.config import EngineConfig
 from engine.core import EngineCore

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
+from bench.lib.synthetic_engine import FIRST_TOKEN_ID, StepRate, SyntheticEngineActor
 from deployments.engine_actor import EngineActor, NewRequest, Polled
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
@@ -21,7 +21,7 @@ async def _collect(actor: EngineActor, subscriber: str, count: int) -> tuple[dic
     reasons: dict[str, FinishReason] = {}
     most_running = 0
     for _ in range(500):
-        polled = await actor.get_outputs(subscriber, timeout_s=5.0)
+        polled = await actor.get_outputs(subscriber, 5.0, [])
         assert isinstance(polled, Polled) and not polled.subscriber_lost
         most_running = max(most_running, (await actor.stats())["running"])
         for output in polled.outputs:

@@ -34,7 +34,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from bench.serve_cluster import free_port
+from bench.lib.serve_cluster import free_port
 from deployments import build_app
 from deployments.ingress import app_engine
 
@@ -47,6 +47,7 @@ LONG_TOKENS = 1000
 APP = "spout"
 LOOPBACK = "127.0.0.1"
 TIMEOUT_S = 240
+STARTED = time.monotonic()
 
 
 def prompt(i: int) -> str:
@@ -149,10 +150,11 @@ def ingress_ports(node_names: dict[str, str]) -> dict[str, int]:
 async def scenario(cluster: Cluster, nodes: dict[str, object]) -> dict:
     node_names = {node.node_id: name for name, node in nodes.items()}
     clients = Clients(await wait_healthy(node_names))
+    progress("both ingress replicas healthy")
     report: dict = {"placement": placement(node_names)}
     try:
         report.update(await serve_and_lose_nodes(cluster, nodes, node_names, clients))
-        print("removing an ingress node", file=sys.stderr, flush=True)
+        progress("removing an ingress node")
         report.update(await remove_ingress(cluster, nodes["ingress"], clients))
     finally:
         await clients.aclose()
@@ -168,11 +170,11 @@ async def serve_and_lose_nodes(cluster: Cluster, nodes: dict[str, object], node_
     report["streams"] = [{"index": i, **r, "exact": r["text"] == twins[i]} for i, r in enumerate(streamed)]
     report["subscribers"] = [(await engine(i).stats.remote())["subscribers"] for i in range(2)]
 
-    print("streams done; removing a detok node", file=sys.stderr, flush=True)
+    progress("streams done; removing a detok node")
     detok_node = nodes[placement(node_names)["detok"][0]]
     report["detok_node_removed"] = await remove_mid_stream(cluster, detok_node, clients, twins, STREAMS)
 
-    print("removing an engine node", file=sys.stderr, flush=True)
+    progress("removing an engine node")
     engine_node = nodes[placement(node_names)["engine"][0]]
     report["engine_node_removed"] = await remove_mid_stream(cluster, engine_node, clients, twins, STREAMS + FAILURE_STREAMS)
     after = await asyncio.gather(*(stream(clients(i), i) for i in range(8)))
@@ -188,11 +190,18 @@ async def serve_and_lose_nodes(cluster: Cluster, nodes: dict[str, object], node_
         except Exception:  # noqa: BLE001 - still restarting
             return False
 
+    progress("an engine node joins")
     report["engine_back"] = await wait_until(both_engines_ready)
+    progress("both engines ready")
     report["placement_after"] = placement(node_names)
     late = await asyncio.gather(*(stream(clients(i), i) for i in range(16)))
     report["after_engine_back"] = [{"index": i, **r, "exact": r["text"] == twins[i]} for i, r in enumerate(late)]
     return report
+
+
+def progress(step: str) -> None:
+    """The step reached and the seconds since the scenario began, on stderr (what pytest shows on a failure)."""
+    print(f"{time.monotonic() - STARTED:6.1f} s: {step}", file=sys.stderr, flush=True)
 
 
 def engine(index: int):
@@ -255,12 +264,15 @@ def main() -> None:
                 "max_num_seqs": 128,
             }
         )
+        progress("cluster up")
         serve.run(app, name=APP, route_prefix="/", blocking=False)
         report = asyncio.run(scenario(cluster, nodes))
     finally:
+        progress("shutting down")
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        progress("shut down")
     print(json.dumps(report))
 
 

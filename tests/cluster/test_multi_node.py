@@ -20,6 +20,11 @@ ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address stays on loopback
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # each ingress replica on its own port, as docs/deployment.md recommends
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    # A removed node is declared dead after about 2 s instead of Ray's 15 s (3 s period x 5 misses).
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
 }
 
 

@@ -16,7 +16,7 @@ from deployments.in_flight import ChoiceReservations
 from deployments.ingress import Ingress
 from deployments.metrics import IngressMetrics
 from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 
 WAIT_S = 60.0
 

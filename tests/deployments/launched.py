@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from bench.serve_cluster import free_port
+from bench.lib.serve_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]

@@ -10,7 +10,7 @@ import json
 from pydantic import SecretStr
 
 from deployments.auth import APIKeyCheck
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from tests.deployments.in_process import FakeEngineClient, ingress, post
 
 MESSAGES = [{"role": "user", "content": "hello there"}]

@@ -11,7 +11,8 @@ from ray.serve.config import AutoscalingContext
 from deployments.detok_pool import FANOUT_METRIC, DetokClient, Detokenizer, fanout_autoscaling_policy, split_by_tokens
 from detok import DetokItem, initial_state
 from detok.batch import detokenize_batch
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from sampling.params import SamplingParams
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL).tokenizer

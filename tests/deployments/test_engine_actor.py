@@ -35,7 +35,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
         messages = 0
         while len(finished) < 2:
             await asyncio.sleep(0.05)  # let several steps' outputs pile up
-            outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
+            outputs = (await actor.get_outputs("ingress-a", 5.0, [])).outputs
             messages += 1
             for output in outputs:
                 tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
@@ -44,7 +44,7 @@ def test_full_queue_invalid_requests_and_coalesced_outputs():
             assert messages < 200
         assert {k: len(v) for k, v in tokens.items()} == {"r0": 6, "r1": 6}
         assert messages < 12  # 12 steps of outputs arrived in fewer messages
-        assert (await actor.get_outputs("ingress-b", timeout_s=0.05)).outputs == []
+        assert (await actor.get_outputs("ingress-b", 0.05, [])).outputs == []
 
     asyncio.run(run())
 
@@ -70,7 +70,7 @@ def test_callers_cancelled_before_their_command_ran_do_not_stop_the_engine():
             assert (await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)])).errors == [None]
             tokens = 0
             for _ in range(100):
-                outputs = (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs
+                outputs = (await actor.get_outputs("ingress-a", 5.0, [])).outputs
                 tokens += sum(len(o.new_token_ids) for o in outputs)
                 if any(o.finish_reason is not None for o in outputs):
                     break
@@ -99,7 +99,7 @@ def test_a_request_failing_in_a_step_gets_an_error_output_and_the_engine_goes_on
             tokens: dict[str, list[int]] = {"good": []}
             last: dict[str, EngineOutput] = {}
             for _ in range(100):
-                for output in (await actor.get_outputs("ingress-a", timeout_s=5.0)).outputs:
+                for output in (await actor.get_outputs("ingress-a", 5.0, [])).outputs:
                     tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
                     last[output.request_id] = output
                 if len(last) == 2 and all(o.finish_reason is not None for o in last.values()):
@@ -139,7 +139,7 @@ def test_the_engine_loads_on_the_thread_that_steps_it():
             await actor.ready()
             await actor.add_requests("ingress-a", [NewRequest("r0", [100, 200], PARAMS)])
             while "step" not in actor.threads:
-                await actor.get_outputs("ingress-a", timeout_s=5.0)
+                await actor.get_outputs("ingress-a", 5.0, [])
         finally:
             await actor.shutdown()
         assert actor.threads["load"] == actor.threads["step"] == actor.thread.ident != threading.get_ident()

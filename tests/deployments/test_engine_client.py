@@ -16,7 +16,8 @@ from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat
 from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from sampling.params import SamplingParams
 from sampling.tokenized import tokenize_strings
 

@@ -18,7 +18,8 @@ from deployments.openai.protocol import ChatCompletionRequest, StreamUsage
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import ChoiceToolCalls, tool_call_output
 from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
 from tests.deployments.test_engine_client import Remote

@@ -26,7 +26,7 @@ async def finish(actor: EngineActor, subscriber: str, request_id: str) -> int:
     """Poll ``subscriber``'s outputs until ``request_id`` finishes; its token count."""
     tokens = 0
     for _ in range(200):
-        for output in (await actor.get_outputs(subscriber, timeout_s=5.0)).outputs:
+        for output in (await actor.get_outputs(subscriber, 5.0, [])).outputs:
             if output.request_id == request_id:
                 tokens += len(output.new_token_ids)
                 if output.finish_reason is not None:
@@ -39,7 +39,7 @@ async def poll_for(actor: EngineActor, subscriber: str, seconds: float, also_add
     loop = asyncio.get_running_loop()
     until = loop.time() + seconds
     while loop.time() < until:
-        await actor.get_outputs(subscriber, timeout_s=0.05)
+        await actor.get_outputs(subscriber, 0.05, [])
         if also_add_for is not None:
             await actor.add_requests(also_add_for, [])
 
@@ -49,7 +49,7 @@ def test_every_reply_carries_the_same_incarnation_and_a_new_actor_draws_another(
         actor, other = await started_actor(), await started_actor()
         try:
             added = await actor.add_requests("a", [NewRequest("r", [1, 2], SHORT)])
-            polled = await actor.get_outputs("a", timeout_s=5.0)
+            polled = await actor.get_outputs("a", 5.0, [])
             seen = {added.incarnation, polled.incarnation, await actor.abort_requests(["r"]), (await actor.stats())["incarnation"]}
             return seen, (await other.stats())["incarnation"]
         finally:
@@ -76,8 +76,8 @@ def test_a_silent_subscribers_requests_are_aborted_and_its_mailbox_dropped(monke
             assert (await actor.stats())["subscribers"] == 1
             assert "gone" not in actor.subscribers
             assert actor.engine.num_generated("g") < LONG.max_tokens
-            assert (await actor.get_outputs("gone", timeout_s=0.05)).subscriber_lost  # told once, when it comes back
-            assert not (await actor.get_outputs("gone", timeout_s=0.05)).subscriber_lost
+            assert (await actor.get_outputs("gone", 0.05, [])).subscriber_lost  # told once, when it comes back
+            assert not (await actor.get_outputs("gone", 0.05, [])).subscriber_lost
         finally:
             await actor.shutdown()
 

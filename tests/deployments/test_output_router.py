@@ -12,7 +12,8 @@ from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter, expand_beams, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError
 from sampling.params import SamplingParams
 

@@ -11,7 +11,8 @@ import pytest
 from deployments.encode_backlog import JOB_BYTES
 from deployments.openai.errors import APIError
 from deployments.prompt_encoder import PromptEncoder
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError, TextTokenizer
 

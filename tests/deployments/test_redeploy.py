@@ -12,7 +12,7 @@ import httpx
 import ray
 from ray import serve
 
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.driver import wait_until_healthy
 from deployments.ingress import ENGINE_NAMESPACE, app_engines

@@ -56,7 +56,7 @@ def test_an_abort_sent_with_the_next_poll_lands_within_two_steps_of_the_last_out
             await actor.add_requests("a", [NewRequest("r", [1, 2], LONG)])
             taken, aborts = 0, []
             while not aborts:
-                polled = await actor.get_outputs("a", 5.0)
+                polled = await actor.get_outputs("a", 5.0, [])
                 taken += sum(len(o.new_token_ids) for o in polled.outputs)
                 await asyncio.sleep(0.02)  # routing
                 if taken >= 5:
@@ -82,7 +82,7 @@ def test_a_subscriber_that_never_polls_does_not_stop_the_engine():
             await actor.add_requests("b", [NewRequest("b", [3, 4], SHORT)])
             tokens, finished = 0, False
             while not finished:
-                outputs = (await actor.get_outputs("b", 5.0)).outputs
+                outputs = (await actor.get_outputs("b", 5.0, [])).outputs
                 tokens += sum(len(o.new_token_ids) for o in outputs)
                 finished = any(o.finish_reason is not None for o in outputs)
             return tokens, (await actor.stats())["late_subscribers"]

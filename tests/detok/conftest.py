@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from bench.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.driver import wait_until_healthy
 from deployments.ingress import app_engine

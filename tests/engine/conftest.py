@@ -6,8 +6,9 @@ import pytest
 
 from engine.config import DEFAULT_MODEL
 from engine.core import EngineCore
-from engine.loader.checkpoint import DEFAULT_MODEL_PACKAGE, Checkpoint, ModelNotFoundError, load_checkpoint
-from engine.loader.random_weights import TINY_RANDOM
+from engine.loader.checkpoint import Checkpoint, load_checkpoint
+from engine.loader.model_files import DEFAULT_MODEL_PACKAGE, ModelNotFoundError
+from engine.loader.random_shapes import TINY_RANDOM
 from engine.outputs import EngineOutput
 
 requires_default_model = pytest.mark.skipif(

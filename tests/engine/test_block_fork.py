@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engine.kv.block_manager import BlockManager
 from engine.kv.kv_cache import PagedKVCache
-from engine.loader.random_weights import RANDOM_MODEL_SHAPES, TINY_RANDOM
+from engine.loader.random_shapes import RANDOM_MODEL_SHAPES, TINY_RANDOM
 from engine.request import Request
 from sampling.params import SamplingParams
 

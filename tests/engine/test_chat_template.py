@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.loader.checkpoint import DEFAULT_MODEL_FILE, default_model_path
+from engine.loader.model_files import DEFAULT_MODEL_FILE, default_model_path
 from engine.tokenizer import ChatTemplateError, TextTokenizer
 
 transformers = pytest.importorskip("transformers")

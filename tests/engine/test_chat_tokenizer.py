@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import DEFAULT_MODEL
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.tokenizer import ChatTemplateError, TextTokenizer
 from tests.engine.test_chat_template import CONVERSATIONS as TEMPLATE_CONVERSATIONS
 

@@ -18,8 +18,8 @@ from gguf.quants import dequantize, quantize
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.loader.checkpoint import ModelNotFoundError, default_model_path, load_checkpoint
-from engine.loader.gguf_weights import read_metadata
+from engine.loader.checkpoint import load_checkpoint
+from engine.loader.model_files import ModelNotFoundError, default_model_path, read_metadata
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
 
 transformers = pytest.importorskip("transformers")

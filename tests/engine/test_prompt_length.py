@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import DEFAULT_MODEL
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptLength, PromptTooLong
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)

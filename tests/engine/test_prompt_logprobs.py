@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.kv_cache import bytes_per_block
-from engine.loader.checkpoint import DEFAULT_MODEL_FILE, default_model_path
+from engine.loader.model_files import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk
 from engine.outputs import FinishReason, PromptLogprobs
 from engine.prompt_logprobs import PromptLogprobsRequests

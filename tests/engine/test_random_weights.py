@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.loader.checkpoint import DEFAULT_TOKENIZER_ENV, default_tokenizer, export_default_tokenizer
-from engine.loader.random_weights import RANDOM_MODEL_SHAPES, SMOLLM2_SHAPE_RANDOM, random_weights
+from engine.loader.model_files import DEFAULT_TOKENIZER_ENV, default_tokenizer, export_default_tokenizer
+from engine.loader.random_shapes import RANDOM_MODEL_SHAPES, SMOLLM2_SHAPE_RANDOM
+from engine.loader.random_weights import random_weights
 from tests.engine.conftest import requires_default_model
 
 

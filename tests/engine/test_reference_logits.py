@@ -8,7 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.generate import generate
-from engine.loader.checkpoint import DEFAULT_MODEL_FILE, default_model_path
+from engine.loader.model_files import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
 from sampling.params import SamplingParams
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from sampling_helpers import DEVICE, assert_matches, batch_of, reference_probs
 
+from sampling.features import Feature
 from sampling.ops import top_tokens
 from sampling.ops.truncation import apply_truncations, top_candidates
 from sampling.params import SamplingParams
@@ -21,7 +22,7 @@ from sampling.view import RowView
 
 VOCAB = 1000
 DRAWS = 20_000
-STAGES = frozenset({"top_n_sigma"})
+STAGES = frozenset({Feature.TOP_N_SIGMA})
 PATHS = pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
 
 

