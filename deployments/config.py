@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
+from deployments.openai.reasoning import REASONING_PARSERS, ReasoningParser
 from deployments.openai.tool_parsers import TOOL_CALL_PARSERS
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.fair_share import SchedulingPolicy
@@ -113,6 +114,11 @@ class ServeArgs(RequestLimits):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Request body bytes, enforced while reading; larger bodies get 413.")
     max_waiting_requests: int = Field(1024, ge=1, description="Queued requests per engine before 503.")
     tool_call_parser: str = Field("hermes", description=f"How tool_choice 'auto' finds the model's tool calls in its text; one of {sorted(TOOL_CALL_PARSERS)}.")
+    reasoning_parser: str | None = Field(
+        None,
+        description=f"How a reasoning model's thinking is split from its answer (chat's reasoning_content, the Responses API's reasoning items, "
+        f"the Messages API's thinking blocks); one of {sorted(REASONING_PARSERS)}; unset: no split.",
+    )
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], environ: Mapping[str, str]) -> ServeArgs:
@@ -127,6 +133,16 @@ class ServeArgs(RequestLimits):
         if key is not None and not key.get_secret_value().strip():
             raise ValueError(f"the API key is empty: set a non-empty api_key (or {API_KEY_ENV}), or leave it unset to serve without one")
         return key
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        if name is not None and name not in REASONING_PARSERS:
+            raise ValueError(f"no reasoning parser is named {name!r}; there are {sorted(REASONING_PARSERS)}")
+        return name
+
+    def reasoning(self) -> ReasoningParser | None:
+        return None if self.reasoning_parser is None else REASONING_PARSERS[self.reasoning_parser]
 
     @field_validator("tool_call_parser")
     @classmethod

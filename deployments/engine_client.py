@@ -13,14 +13,14 @@ from ray.exceptions import RayActorError
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
 from deployments.metrics import IngressMetrics
-from deployments.openai.errors import APIError, internal_error
-from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
+from deployments.openai.choices import completion_body, completion_frames
+from deployments.openai.errors import APIError
+from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
-from deployments.openai.responses import DONE_FRAME, ResponseFormat, sse, usage
-from deployments.openai.tool_calls import ChoiceToolCalls
+from deployments.openai.responses import ResponseFormat, usage
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
-from deployments.streams import ChoiceDelta, ChoiceStream, Mailbox
+from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from detok import initial_state
 from engine.beam.choices import beam_choice_id
@@ -175,113 +175,39 @@ class EngineClient:
         self.release(submission, cause="client_disconnect")
         submission.mailbox.fail(APIError(499, "the client closed the request", code="client_closed_request"))
 
-    async def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:
-        """SSE frames until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
-        fmt = submission.format
+    async def deltas(self, submission: Submission) -> AsyncGenerator[dict[int, ChoiceDelta], None]:
+        """The submission's deltas as its mailbox gives them (coalesced per choice), until every choice
+        finished: what every API's writer renders (`deployments.openai.choices`, the Responses and
+        Messages writers). Latency and output tokens are counted here, and the choices are released when
+        it ends, however it ends (the writer closes it: `contextlib.aclosing`); the request's error raises."""
         completion_tokens, unfinished = 0, len(submission.streams)
         first, last = True, 0.0
-        tail = ""  # the last chunk, usage and [DONE] go out in one write
-
-        def usage_so_far() -> dict[str, object] | None:
-            return submission.usage(completion_tokens) if usage.continuous else None
-
         try:
-            offsets = [len(text) for text in submission.echo_texts]
-            calls = [ChoiceToolCalls(fmt.tool_calls) for _ in submission.streams] if fmt.tool_calls else None
-            # An echo with logprobs goes out with its logprobs, which come with the choice's first delta.
-            opening = [""] * len(offsets) if fmt.echo_logprobs is not None else submission.echo_texts
-            if fmt.chat or any(opening):
-                roles = [fmt.chunk_choice(s.index, opening[i], None, None, role=True) for i, s in enumerate(submission.streams)]
-                yield fmt.chunk_frame(roles, usage_so_far())
             while unfinished:
                 deltas = await submission.mailbox.take()
                 now = time.perf_counter()
-                new_tokens, choices = 0, []
-                for i, d in sorted(deltas.items()):
-                    new_tokens += len(d.token_ids)
-                    unfinished -= d.finish_reason is not None
-                    choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, submission.echo_texts[i]))
-                    offsets[i] += len(d.text)
+                new_tokens = 0
+                for delta in deltas.values():
+                    new_tokens += len(delta.token_ids)
+                    unfinished -= delta.finish_reason is not None
                 self._observe_latency(submission, first, last, now, new_tokens)
                 first, last = False, now
                 completion_tokens += new_tokens
-                if unfinished:
-                    yield fmt.encoded_chunk_frame(choices, usage_so_far())
-                else:
-                    tail = fmt.encoded_chunk_frame(choices, usage_so_far())
-            if usage.final:
-                tail += sse(fmt.usage_chunk(submission.usage(completion_tokens)))
-        except APIError as error:
-            tail = error.sse_frame()
-        except Exception as error:  # a fault of this request alone: its stream ends with an error frame, not cut
-            tail = internal_error(error, "a response stream").sse_frame()
+                yield deltas
         finally:
             self.metrics.tokens.inc("output", completion_tokens)
             self.release(submission, cause="client_disconnect")
-        yield tail + DONE_FRAME
+
+    def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:
+        """A completion's or chat's SSE frames (`deployments.openai.choices.completion_frames`)."""
+        return completion_frames(submission.format, submission.echo_texts, self.deltas(submission), submission.usage, usage)
 
     async def collect(self, submission: Submission) -> dict[str, object]:
-        """The whole response body once every choice finished."""
-        fmt = submission.format
-        texts = list(submission.echo_texts)
-        logprobs: list[list[LogprobEntry] | None] = [None] * len(texts)
-        prompts: list[PromptLogprobEntries | None] = [None] * len(texts)
-        finish: dict[int, tuple[str | None, int | str | None]] = {}
-        completion_tokens = 0
-        try:
-            while len(finish) < len(submission.streams):
-                for index, delta in (await submission.mailbox.take()).items():
-                    if completion_tokens == 0:
-                        self.metrics.ttft.observe(time.perf_counter() - submission.arrived)
-                    texts[index] += delta.text
-                    if delta.logprobs is not None:
-                        logprobs[index] = (logprobs[index] or []) + delta.logprobs
-                    if delta.prompt_logprobs is not None:
-                        prompts[index] = delta.prompt_logprobs
-                    completion_tokens += len(delta.token_ids)
-                    if delta.finish_reason is not None:
-                        finish[index] = (delta.finish_reason, delta.stop_reason)
-        finally:
-            self.metrics.tokens.inc("output", completion_tokens)
-            self.release(submission, cause="client_disconnect")
-        choices = [
-            full_choice(fmt, i, texts[i], *finish[i], choice_logprobs(fmt, logprobs[i], prompts[i], len(submission.echo_texts[i])))
-            for i in range(len(submission.streams))
-        ]
-        return fmt.add_prompt_logprobs(fmt.full(choices, submission.usage(completion_tokens)), prompts)
+        """A completion's or chat's whole body (`deployments.openai.choices.completion_body`)."""
+        return await completion_body(submission.format, submission.echo_texts, self.deltas(submission), submission.usage)
 
     def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
         if first:
             self.metrics.ttft.observe(now - submission.arrived)
         elif new_tokens:
             self.metrics.itl.observe((now - last) / new_tokens)
-
-
-def choice_json(fmt: ResponseFormat, index: int, delta: ChoiceDelta, offset: int, calls: ChoiceToolCalls | None, echo_text: str) -> str:
-    """A stream chunk's choice for ``delta``, encoded; with ``calls``, its text read for tool calls. A
-    first delta with the prompt's logprobs of an echo starts with ``echo_text``."""
-    logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
-    if calls is None:
-        echoed = echo_text if fmt.echo_logprobs is not None and delta.prompt_logprobs is not None else ""
-        return fmt.choice_json(index, echoed + delta.text, delta.finish_reason, delta.stop_reason, logprobs=logprobs)
-    text, new_calls = calls.feed(delta.text, finished=delta.finish_reason is not None)
-    return fmt.choice_json(index, text, calls.finish_reason(delta.finish_reason), delta.stop_reason, logprobs=logprobs, tool_calls=new_calls)
-
-
-def choice_logprobs(fmt: ResponseFormat, generated: list[LogprobEntry] | None, prompt: PromptLogprobEntries | None, offset: int) -> dict[str, object] | None:
-    """A choice's ``logprobs``: an echo's prompt tokens first (when these are the ones that came with
-    them), then the generated tokens, which start at ``offset`` in the choice's text."""
-    if fmt.echo_logprobs is not None and prompt is not None:
-        return fmt.echo_logprobs_field(generated, prompt)
-    return fmt.logprobs(generated, offset)
-
-
-def full_choice(
-    fmt: ResponseFormat, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, logprobs: dict[str, object] | None
-) -> dict[str, object]:
-    """A whole response's choice; with the format's tool calls, its text read for them."""
-    if fmt.tool_calls is None:
-        return fmt.full_choice(index, text, finish_reason, stop_reason, logprobs)
-    calls = ChoiceToolCalls(fmt.tool_calls)
-    content, _ = calls.feed(text, finished=True)
-    return fmt.full_choice(index, content, calls.finish_reason(finish_reason), stop_reason, logprobs, calls.calls)

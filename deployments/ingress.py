@@ -12,12 +12,16 @@ from dataclasses import asdict
 from typing import TypeVar
 
 import ray
+from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ApplicationStatus
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from deployments.agent_apis import AgentAPIs, Answer
+from deployments.anthropic.errors import MESSAGES_PATH
+from deployments.anthropic.errors import error_response as anthropic_error_response
 from deployments.auth import APIKeyCheck
 from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient, Detokenizer
@@ -40,12 +44,14 @@ from deployments.openai.errors import APIError, internal_error
 from deployments.openai.event_stream import EventStream
 from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai.reasoning import constrained_after_thinking
 from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
 from deployments.prompt_encoder import PromptEncoder
+from deployments.token_routes import TokenRoutes
 from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
@@ -54,9 +60,11 @@ from sampling.params import SamplingParams
 ENGINE_NAMESPACE = "spout"
 ENGINE_START_TIMEOUT_S = 600.0  # loading the model
 HEALTH_TIMEOUT_S = 10.0
+PROMPT_TAIL_IDS = 16
+"""The prompt's last ids a reasoning parser reads to know whether the template closed the thinking."""
 HEALTH_MAX_AGE_S = 1.0
 """/health (open without a key) checks the engines at most once a second; callers in between share the outcome."""
-RequestBody = TypeVar("RequestBody", CompletionRequest, ChatCompletionRequest)
+RequestBody = TypeVar("RequestBody", bound=BaseModel)
 
 
 def engine_key(args: ServeArgs) -> str:
@@ -139,7 +147,7 @@ def application_running(app_name: str) -> bool:
     return status is not None and status.status != ApplicationStatus.DELETING
 
 
-class Ingress:
+class Ingress(AgentAPIs, TokenRoutes):
     """Serve deployment body (options set in `deployments.app`)."""
 
     def __init__(self, args: dict, detok_pool: DeploymentHandle[Detokenizer] | None) -> None:
@@ -184,9 +192,9 @@ class Ingress:
         try:
             response = await self._route(request)
         except APIError as error:
-            response = error.response()
+            response = self._error_response(request.url.path, error)
         except Exception as error:
-            response = internal_error(error, request.url.path).response()
+            response = self._error_response(request.url.path, internal_error(error, request.url.path))
         self.metrics.requests.inc(str(response.status_code))
         return response
 
@@ -196,17 +204,27 @@ class Ingress:
             "/v1/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions),
             "/v1/models": ("GET", self.models),
+            "/v1/responses": ("POST", self.responses),
+            "/v1/messages": ("POST", self.messages),
+            "/v1/messages/count_tokens": ("POST", self.count_tokens),
+            "/tokenize": ("POST", self.tokenize),
+            "/detokenize": ("POST", self.detokenize),
             "/health": ("GET", self.health),
             "/metrics": ("GET", self.metrics_text),
             "/openapi.json": ("GET", self.openapi),
         }
-        self.auth.check(path, request.headers.get("authorization"))  # before the route is looked up
+        self.auth.check(path, request.headers.get("authorization"), request.headers.get("x-api-key"))  # before the route is looked up
         if path not in routes:
             raise APIError(404, f"no route {path}", code="not_found")
         expected, handler = routes[path]
         if method != expected:
             raise APIError(405, f"{path} takes {expected}, not {method}", code="method_not_allowed")
         return await handler(request)
+
+    @staticmethod
+    def _error_response(path: str, error: APIError) -> Response:
+        """OpenAI's error JSON, or Anthropic's on the Messages API's routes."""
+        return anthropic_error_response(error) if path.startswith(MESSAGES_PATH) else error.response()
 
     def _check_model(self, model: str) -> None:
         if model != self.args.model_name:
@@ -225,7 +243,8 @@ class Ingress:
     async def _parse(self, request: Request, model: type[RequestBody]) -> RequestBody:
         raw = await read_body(request.stream(), request.headers.get("content-length"), self.args.max_body_bytes)
         body = await validate_body(raw, self.args.max_json_depth, model)
-        self._check_model(body.model)
+        if body.model is not None:  # optional where vLLM has it so (/tokenize, /detokenize)
+            self._check_model(body.model)
         return body
 
     async def _check_constraint(self, params: SamplingParams, param: str) -> None:
@@ -247,13 +266,17 @@ class Ingress:
         params: SamplingParams,
         echo: bool,
         reservation: Reservation,
+        answer: Answer | None = None,
     ) -> Response:
         """Submit the choices, then answer with their stream or their whole response (the router
-        counts the choices from then on, so their reservation ends)."""
+        counts the choices from then on, so their reservation ends); ``answer``: another API's writer
+        of the submission (None: a completion's or a chat's)."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
         address = client_address(request, self.trust_local_proxy, self.local_addresses)
         submission = await client.submit(fmt, prompts, params, echo, address, client_id(request))
         reservation.release()
+        if answer is not None:
+            return await answer(client, submission, fmt.tool_calls)
         if body.stream:
             return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
         return JSONResponse(await client.collect(submission))
@@ -282,7 +305,11 @@ class Ingress:
             return await self._submit(request, client, fmt, prompts, body, params, body.echo, reservation)
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await self._parse(request, ChatCompletionRequest)
+        return await self._chat(request, await self._parse(request, ChatCompletionRequest))
+
+    async def _chat(self, request: Request, body: ChatCompletionRequest, answer: Answer | None = None) -> Response:
+        """A chat, checked, rendered and submitted; answered as a chat, or by ``answer`` (the Responses
+        and Messages APIs, whose requests are chats: `deployments.agent_apis`)."""
         params = body.sampling_params(self.args.default_max_tokens)
         text_bytes = check_messages(self.args, body.client_texts(), len(body.messages), len(body.tools or []))
         schema = tool_call_schema(body)
@@ -296,17 +323,24 @@ class Ingress:
         assert self.max_model_len is not None
         with self.in_flight.reserve(self.args, len(client.router.streams), params.n) as reservation:
             try:
-                prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes)
+                prompt = await self.encoder.chat(messages, body.add_generation_prompt, tools, self.max_model_len - 1, text_bytes, **body.template_options())
             except ChatTemplateError as error:
                 raise APIError(400, str(error), param="messages") from error
             except PromptTooLong as error:
                 raise self._too_long(error, "messages") from error
             self._check_prompt(prompt, "messages")
+            if self.args.reasoning_parser is not None:
+                params = constrained_after_thinking(params, self.tokenizer.decode(prompt[-PROMPT_TAIL_IDS:], skip_special_tokens=False))
             calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
             fmt = ResponseFormat.new(
-                f"chatcmpl-{uuid.uuid4().hex}", self.args.model_name, chat=True, tool_calls=calls, prompt_logprobs=body.asked_prompt_logprobs
+                f"chatcmpl-{uuid.uuid4().hex}",
+                self.args.model_name,
+                chat=True,
+                tool_calls=calls,
+                prompt_logprobs=body.asked_prompt_logprobs,
+                reasoning=self.args.reasoning(),
             )
-            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation)
+            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation, answer)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

@@ -15,6 +15,7 @@ from a bounded prefix of the work (`engine.prompt_length.PromptTooLong` reaches 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -53,10 +54,21 @@ class PromptEncoder:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         text_bytes: int = 0,
+        **options: Any,
     ) -> list[int]:
         """The chat template's prompt for ``messages`` and ``tools`` (``text_bytes``: what the client's text
-        counted against the limits); raises `engine.tokenizer.ChatTemplateError`."""
-        return await self._run(text_bytes, self.tokenizer.encode_chat, messages, add_generation_prompt, tools, max_tokens)
+        counted against the limits; ``options``: `TextTokenizer.encode_chat`'s keyword options); raises
+        `engine.tokenizer.ChatTemplateError`."""
+        job = functools.partial(self.tokenizer.encode_chat, **options)
+        return await self._run(text_bytes, job, messages, add_generation_prompt, tools, max_tokens)
+
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``text``'s ids (``/tokenize``), whatever their number."""
+        return await self._run(utf8_size(text), self.tokenizer.encode, text, add_special_tokens)
+
+    async def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens written out (``/detokenize``, as vLLM's)."""
+        return await self._run(len(ids), self.tokenizer.decode, ids, False)
 
     async def strings(self, params: SamplingParams) -> TokenizedStrings | None:
         """The request's strings as ids (`tokenize_strings`); None when it has none."""

@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from deployments.openai.errors import APIError
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
+from deployments.openai.output_events import ChoiceDelta
 from detok import DetokState
-
-
-@dataclass
-class ChoiceDelta:
-    """Text and token ids not yet sent for one choice, merged across engine steps."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    logprobs: list[LogprobEntry] | None = None
-    prompt_logprobs: PromptLogprobEntries | None = None
-    """With the choice's first delta, when the request scores its prompt."""
 
 
 class Mailbox:

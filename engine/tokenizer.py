@@ -75,6 +75,24 @@ def template_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+"""The variables the render sets from the request and the tokenizer: ``chat_template_kwargs`` may not set them."""
+
+
+def open_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:
+    """``rendered`` cut right after the last message's content, as transformers cuts it for
+    ``continue_final_message`` (the content found from the end, its surrounding whitespace as the
+    template left it): the markup that closes the turn goes, so the model continues that message."""
+    content = messages[-1]["content"] if messages else ""
+    stripped = content.strip() if isinstance(content, str) else ""
+    at = rendered.rfind(stripped) if stripped else -1
+    if at < 0:
+        raise ChatTemplateError("continue_final_message: the final message must have text, and the chat template must write it")
+    end = at + len(stripped)
+    kept_tail = content[len(content.rstrip()) :]
+    return rendered[: end + len(kept_tail)] if rendered.startswith(kept_tail, end) else rendered[:end]
+
+
 @dataclass
 class TextTokenizer:
     tokenizer: tokenizers.Tokenizer
@@ -121,42 +139,68 @@ class TextTokenizer:
             raise ChatTemplateError("this model has no chat template")
         return template_environment().from_string(self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The prompt text for ``messages`` ([{"role", "content"}, ...], ``content`` a string) and
-        ``tools`` (function definitions, passed to the template as Hugging Face passes them)."""
+        ``tools`` (function definitions, passed to the template as Hugging Face passes them).
+
+        ``template_kwargs``: more variables for the template (vLLM's ``chat_template_kwargs``, such as
+        ``enable_thinking``), none of the names the render sets itself (`TEMPLATE_VARIABLES`);
+        ``continue_final_message``: the text ends with the last message's content, without the markup
+        that closes its turn, so the model continues that message (`open_final_message`)."""
         token = self.tokenizer.id_to_token
+        variables = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "bos_token": token(self.bos_token_id) if self.bos_token_id is not None else "",
+            "eos_token": token(self.eos_token_ids[0]) if self.eos_token_ids else "",
+        }
+        clashing = sorted(set(template_kwargs or {}) & TEMPLATE_VARIABLES)
+        if clashing:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(clashing)}: the request's own fields do")
         try:
-            return self._compiled_template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-                bos_token=token(self.bos_token_id) if self.bos_token_id is not None else "",
-                eos_token=token(self.eos_token_ids[0]) if self.eos_token_ids else "",
-            )
+            rendered = self._compiled_template.render({**(template_kwargs or {}), **variables})
         except jinja2.TemplateError as error:
             raise ChatTemplateError(f"chat template failed: {error}") from error
+        return open_final_message(rendered, messages) if continue_final_message else rendered
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The prompt's token ids; special-token text inside a message's content stays text;
-        `ChatTemplateError` for tools or tool calls that spell a special token, `PromptTooLong`
-        for a prompt of more than ``max_tokens`` tokens."""
-        self._check_outside_content(messages, tools)
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        """The prompt's token ids (the options as `apply_chat_template` takes them); special-token text
+        inside a message's content stays text; `ChatTemplateError` for tools, tool calls or template
+        variables that spell a special token, `PromptTooLong` for a prompt of more than ``max_tokens`` tokens."""
+        self._check_outside_content(messages, [tools, template_kwargs])
+        options = {"continue_final_message": continue_final_message, "template_kwargs": template_kwargs}
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, **options)
         # The template writes BOS itself where the model wants one.
         encoding = self._encode_within(text, False, max_tokens)
         if not any(self._special_pattern.search(message["content"]) for message in messages):
             return encoding.ids  # every control token comes from the markup
-        ids = self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text, tools))
+        ids = self._encode_with_text_spans(text, encoding, self._content_spans(messages, add_generation_prompt, text, tools, **options))
         if max_tokens is not None and len(ids) > max_tokens:
             raise PromptTooLong(len(ids), max_tokens)
         return ids
 
-    def _check_outside_content(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
-        """The client's text that the template writes outside the contents (tools, a message's tool
-        calls) cannot be kept apart from the markup, so it may not spell a special token."""
-        outside = json.dumps([tools, [{k: v for k, v in m.items() if k != "content"} for m in messages]], ensure_ascii=False)
+    def _check_outside_content(self, messages: list[dict[str, Any]], other: object) -> None:
+        """The client's text that the template writes outside the contents (``other``: tools, template
+        variables; a message's tool calls) cannot be kept apart from the markup, so it may not spell a special token."""
+        outside = json.dumps([other, [{k: v for k, v in m.items() if k != "content"} for m in messages]], ensure_ascii=False)
         spelt = next((special for special in self._special_texts if special in outside), None)
         if spelt is not None:
             raise ChatTemplateError(f"the tools or tool calls spell the special token {spelt!r}")
@@ -194,13 +238,13 @@ class TextTokenizer:
         return copy
 
     def _content_spans(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool, text: str, tools: list[dict[str, Any]] | None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, text: str, tools: list[dict[str, Any]] | None, **options: Any
     ) -> list[tuple[int, int]]:
         """Where the messages' contents lie in ``text`` (the rendered template): the template is rendered
         again with each content between markers no client can know, then the markers are removed."""
         nonce = secrets.token_hex(8)
         marked = [{**m, "content": f"\x00{nonce}<{i}\x00{m['content']}\x00{nonce}>{i}\x00"} for i, m in enumerate(messages)]
-        rendered = self.apply_chat_template(marked, add_generation_prompt, tools)
+        rendered = self.apply_chat_template(marked, add_generation_prompt, tools, **options)
         pieces = re.split(f"\x00{nonce}([<>])\\d+\x00", rendered)  # text, kind, text, kind, ..., text
         texts, kinds = pieces[0::2], pieces[1::2]
         if "".join(texts) != text or kinds != ["<", ">"] * (len(kinds) // 2):

@@ -3,7 +3,7 @@ included), read from its AST, against contracts on which packages may import whi
 fresh interpreter, on what importing a module leaves in ``sys.modules`` (what it imports through others).
 
 - `engine`, `sampling` and `detok` import neither Ray nor `deployments`: they run in a bare process.
-- `deployments.openai`, the wire format, imports neither Ray, torch nor `engine`.
+- `deployments.openai` and `deployments.anthropic`, the wire formats, import neither Ray, torch nor `engine`.
 - A detokenizer replica (`deployments.detok_pool.Detokenizer`) imports no torch and no model code.
 - `deployments` builds its `app` only when asked for it: importing one of its modules builds nothing,
   and ``serve run deployments:app`` finds the app.
@@ -45,6 +45,7 @@ class Forbidden:
 FORBIDDEN = [
     *(Forbidden(package, ("ray", "deployments")) for package in ("engine", "sampling", "detok")),
     Forbidden("deployments.openai", ("ray", "torch", "engine")),
+    Forbidden("deployments.anthropic", ("ray", "torch", "engine")),
 ]
 IMPORT_TIMEOUT_S = 120
 
@@ -180,9 +181,9 @@ def test_a_cycle_is_found():
 
 
 def test_the_wire_format_loads_neither_ray_torch_nor_the_engine():
-    imports = "".join(f"import {name}\n" for name in modules("deployments.openai"))
+    imports = "".join(f"import {name}\n" for package in ("deployments.openai", "deployments.anthropic") for name in modules(package))
     found = loaded(modules_after(imports), ("ray", "torch", "engine"))
-    assert not found, f"importing deployments.openai loads {found}"
+    assert not found, f"importing deployments.openai and deployments.anthropic loads {found}"
 
 
 @needs_default_model

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from deployments.openai.chat_prompt import ChatPrompt
 from deployments.openai.errors import APIError, from_validation_error
-from deployments.openai.tools import NamedToolChoice, Tool, ToolCall, ToolChoice
+from deployments.openai.tools import NamedToolChoice, Tool, ToolChoice
 from sampling.params import MAX_LOGPROBS, SamplingParams
 from sampling.structured_outputs import StructuredOutputs
 
@@ -157,51 +158,17 @@ class CompletionRequest(_Request):
         return list(prompt)  # type: ignore[arg-type]
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _check_tool_fields(self) -> ChatMessage:
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages have tool_calls")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs the tool_call_id of the call it answers")
-        return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+class ChatCompletionRequest(_Request, ChatPrompt):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    add_generation_prompt: bool = True
-    tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:
         names = [tool.function.name for tool in self.tools or []]
-        if len(set(names)) < len(names):
-            raise APIError(400, "tools: two tools have the same function name", param="tools")
         if self.tool_choice not in (None, "none", "auto") and not names:
             raise APIError(400, "tool_choice: 'required' and a named function need tools", param="tool_choice")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
@@ -232,9 +199,3 @@ class ChatCompletionRequest(_Request):
             min_tokens = (self.model_extra or {}).get("min_tokens", 0)
             max_tokens = max(default_max_tokens, min_tokens) if isinstance(min_tokens, int) else default_max_tokens
         return self._sampling_params(keep_none=("max_tokens",), logprobs=logprobs, max_tokens=max_tokens)
-
-    def client_texts(self) -> list[str]:
-        """The client's text that goes into the prompt: message contents, tool calls, tool definitions."""
-        calls = [call.function.name + call.function.arguments for m in self.messages for call in m.tool_calls or []]
-        tools = [tool.model_dump_json(exclude_none=True) for tool in self.tools or []]
-        return [m.text() for m in self.messages] + calls + tools

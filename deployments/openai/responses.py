@@ -10,6 +10,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries, chat_logprobs, completion_logprobs, echo_entries, vllm_prompt_logprobs
+from deployments.openai.reasoning import ReasoningParser
 from deployments.openai.tool_calls import ToolCallOutput
 from deployments.openai.tools import ToolCall, ToolCallDelta
 
@@ -28,7 +29,8 @@ class ResponseFormat:
     """How one request's choices are written: ``chat`` or plain completions; with ``tool_calls``,
     how a chat's text is read for tool calls; with ``prompt_logprobs``, vLLM's field of that name
     (on each completion choice, once on a chat response) with that many alternatives; with
-    ``echo_logprobs``, an echo's ``logprobs`` start with the prompt's tokens, with that many."""
+    ``echo_logprobs``, an echo's ``logprobs`` start with the prompt's tokens, with that many; with
+    ``reasoning``, a chat's reasoning goes in ``reasoning_content`` and ``reasoning`` (clients read either)."""
 
     request_id: str
     model: str
@@ -37,6 +39,7 @@ class ResponseFormat:
     tool_calls: ToolCallOutput | None = None
     prompt_logprobs: int | None = None
     echo_logprobs: int | None = None
+    reasoning: ReasoningParser | None = None
 
     @classmethod
     def new(
@@ -47,8 +50,9 @@ class ResponseFormat:
         tool_calls: ToolCallOutput | None = None,
         prompt_logprobs: int | None = None,
         echo_logprobs: int | None = None,
+        reasoning: ReasoningParser | None = None,
     ) -> ResponseFormat:
-        return cls(request_id, model, chat, int(time.time()), tool_calls, prompt_logprobs, echo_logprobs)
+        return cls(request_id, model, chat, int(time.time()), tool_calls, prompt_logprobs, echo_logprobs, reasoning)
 
     def _envelope(self, obj: str, choices: list[dict[str, object]]) -> dict[str, object]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -78,7 +82,7 @@ class ResponseFormat:
     def choice_json(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None, **extra: Any) -> str:
         """``chunk_choice(index, text, finish_reason, stop_reason, **extra)`` as JSON; a choice of text alone (a
         stream's common frame: no ``logprobs``, no ``tool_calls``) is written from a template, only its text encoded."""
-        if extra.get("logprobs") is not None or extra.get("tool_calls") or extra.get("role"):
+        if extra.get("logprobs") is not None or extra.get("tool_calls") or extra.get("role") or extra.get("reasoning"):
             return _JSON.encode(self.chunk_choice(index, text, finish_reason, stop_reason, **extra))
         head, middle = self._text_choice_head
         close = "}," if self.chat else ","
@@ -95,10 +99,13 @@ class ResponseFormat:
         logprobs: dict[str, object] | None = None,
         role: bool = False,
         tool_calls: list[ToolCallDelta] | None = None,
+        reasoning: str = "",
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
         if self.chat:
             delta: dict[str, object] = {"role": "assistant", "content": text} if role else {"content": text}
+            if reasoning:
+                delta |= {"reasoning_content": reasoning, "reasoning": reasoning}
             if tool_calls:
                 delta["tool_calls"] = [call.wire() for call in tool_calls]
             choice["delta"] = delta
@@ -141,6 +148,7 @@ class ResponseFormat:
         stop_reason: int | str | None,
         logprobs: dict[str, object] | None,
         tool_calls: list[ToolCall] | None = None,
+        reasoning: str = "",
     ) -> dict[str, object]:
         choice: dict[str, object] = {"index": index}
         if self.chat and tool_calls:
@@ -148,6 +156,8 @@ class ResponseFormat:
             choice["message"] = {"role": "assistant", "content": text or None, "tool_calls": calls}
         elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
+        if self.chat and self.reasoning is not None:
+            choice["message"] |= {"reasoning_content": reasoning or None, "reasoning": reasoning or None}  # type: ignore[operator]
         else:
             choice["text"] = text
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployments.openai.protocol import ChatMessage
+from deployments.openai.chat_prompt import ChatMessage
 from deployments.openai.tools import Tool, ToolCall
 
 FALLBACK_INSTRUCTIONS = """You may call functions to answer. These are the functions, in JSON:

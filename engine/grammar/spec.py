@@ -14,7 +14,7 @@ from dataclasses import asdict
 import llguidance
 
 from engine.grammar.limits import GrammarLimits
-from sampling.structured_outputs import StructuredOutputs
+from sampling.structured_outputs import StructuralTag, StructuredOutputs
 
 ANY_JSON_OBJECT = {"type": "object"}
 COMPACT_JSON: dict[str, object] = {"whitespace_flexible": False}
@@ -34,14 +34,31 @@ def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
 
 
 def grammar_text(constraint: StructuredOutputs) -> str:
-    """The llguidance grammar (its JSON form) of ``constraint``; raises `GrammarError` when it is not even well-formed."""
+    """The llguidance grammar (its JSON form) of ``constraint``, free text until its ``reasoning_end``
+    when it has one (`after_free_text`); raises `GrammarError` when it is not even well-formed."""
+    text = _answer_grammar(constraint)
+    return text if constraint.reasoning_end is None else after_free_text(text, constraint.reasoning_end)
+
+
+def after_free_text(answer: str, end: str) -> str:
+    """Free text up to and with ``end`` (a lazy match: the first ``end`` closes it), then ``answer``: a
+    reasoning model thinks freely and its answer is constrained (llguidance's nested grammars)."""
+    top = json.loads(answer) if answer.lstrip().startswith("{") else {"grammars": [{"lark_grammar": answer}]}  # its JSON form, or Lark
+    top["grammars"][0]["name"] = "constrained_answer"
+    lark = f"start: thinking @constrained_answer\nthinking[lazy]: FREE_TEXT {json.dumps(end)}\nFREE_TEXT: /(.|\\n)*/"
+    top["grammars"].insert(0, {"lark_grammar": lark})
+    return json.dumps(top)
+
+
+def _answer_grammar(constraint: StructuredOutputs) -> str:
     matcher = llguidance.LLMatcher
     try:
         if constraint.json_ is not None:
-            schema = {} if constraint.json_ is True else constraint.json_  # the schema `true` allows any JSON value, as {} does
-            return matcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON)  # type: ignore[arg-type]
+            return matcher.grammar_from_json_schema(json_schema(constraint, constraint.json_), defaults=json_defaults(constraint))
         if constraint.json_object:
-            return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=COMPACT_JSON)
+            return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=json_defaults(constraint))
+        if constraint.structural_tag is not None:
+            return structural_tag_grammar(constraint, constraint.structural_tag)
         if constraint.regex is not None:
             return matcher.grammar_from_regex(constraint.regex)
         if constraint.choice is not None:
@@ -51,6 +68,60 @@ def grammar_text(constraint: StructuredOutputs) -> str:
         return matcher.grammar_from_lark(lark)
     except (ValueError, TypeError, AssertionError) as error:
         raise GrammarError(str(error)) from error
+
+
+def json_defaults(constraint: StructuredOutputs) -> dict[str, object]:
+    """llguidance's JSON options for the constraint: compact unless ``disable_any_whitespace`` is false
+    (vLLM's default: any whitespace) or a ``whitespace_pattern`` says what whitespace may go between tokens."""
+    if constraint.whitespace_pattern is not None:
+        return {"whitespace_flexible": True, "whitespace_pattern": constraint.whitespace_pattern}
+    return {"whitespace_flexible": True} if constraint.disable_any_whitespace is False else COMPACT_JSON
+
+
+def json_schema(constraint: StructuredOutputs, schema: dict | bool) -> dict:
+    """The schema as llguidance takes it: `true` as {} (both allow any JSON value); with
+    ``disable_additional_properties``, closed objects (`closed_objects`)."""
+    as_object = {} if schema is True else schema
+    assert isinstance(as_object, dict), "the schema false allows nothing"
+    return closed_objects(as_object) if constraint.disable_additional_properties else as_object
+
+
+def closed_objects(schema: object) -> dict:
+    """A copy of ``schema`` in which every schema with ``properties`` (or ``patternProperties``) that does
+    not say whether it takes others says it does not (``"additionalProperties": false``), at any depth."""
+
+    def close(node: object) -> object:
+        if isinstance(node, list):
+            return [close(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        closed = {key: close(value) for key, value in node.items()}
+        has_properties = isinstance(node.get("properties"), dict) or isinstance(node.get("patternProperties"), dict)
+        if has_properties and "additionalProperties" not in node:
+            closed["additionalProperties"] = False
+        return closed
+
+    closed = close(schema)
+    assert isinstance(closed, dict)
+    return closed
+
+
+def structural_tag_grammar(constraint: StructuredOutputs, tag: StructuralTag) -> str:
+    """Free text in which each structure's trigger starts ``begin``, a JSON value of its schema, ``end``
+    (llguidance's lazy triggers, `llguidance.StructTag`); the JSON options apply to each value. Each
+    schema goes in as a schema: a grammar's JSON form there would be read as a schema of unknown keywords
+    (anything goes), which is how vLLM's guidance backend passes it. Triggers and tags are text, even
+    one written like a special token (``<tool_call>``), which llguidance would otherwise take for one."""
+    tags = [
+        llguidance.StructTag(
+            trigger=tag.trigger_of(structure) or "",
+            begin=structure.begin,
+            grammar=json_schema(constraint, structure.schema_) | {"x-guidance": json_defaults(constraint)},
+            end=structure.end,
+        )
+        for structure in tag.structures
+    ]
+    return llguidance.StructTag.to_grammar(tags, assume_special=False)
 
 
 def grammar_error(constraint: StructuredOutputs, limits: GrammarLimits) -> str | None:

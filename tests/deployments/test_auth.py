@@ -51,3 +51,12 @@ def test_the_key_is_never_shown_and_reaches_the_replica():
     assert "s3cret" not in repr(args) and "s3cret" not in str(args.model_dump())
     replica_args = ServeArgs.from_options(pickle.loads(pickle.dumps(args.model_dump())), {})
     assert replica_args.api_key.get_secret_value() == "s3cret"
+
+
+def test_the_key_may_come_as_x_api_key_as_anthropics_clients_send_it():
+    check = APIKeyCheck(SecretStr("s3cret"))
+    check.check("/v1/messages", None, "s3cret")
+    check.check("/v1/chat/completions", "Bearer wrong", "s3cret")
+    for header in ("", "Bearer s3cret", "s3cret ", "wrong"):
+        with pytest.raises(APIError):
+            check.check("/v1/messages", None, header)

@@ -26,10 +26,19 @@ from tests.e2e.probes import FULL_SIZE, greedy_text
 from tests.e2e.schema_strategy import DEFAULT_MAX_ITEMS, DEFAULT_MAX_LENGTH, from_schema
 
 NUM_CASES = 2000 if FULL_SIZE else 300
-ENDPOINTS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+ENDPOINTS = {
+    "/v1/completions": "CompletionRequest",
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/responses": "ResponsesRequest",
+    "/v1/messages": "MessagesRequest",
+}
+OUTPUT_BOUND = {"ResponsesRequest": "max_output_tokens"}
+"""The field that bounds an endpoint's output, when it is not ``max_tokens``."""
+OTHER_PATHS = {"/tokenize", "/detokenize", "/v1/messages/count_tokens"}
+"""Documented endpoints this test does not fuzz."""
 # (minimum, maximum). CAPS are kept as drawn by the malformed cases too: a chat without them
 # runs to the context's end.
-CAPS = {"max_tokens": (1, 4), "max_completion_tokens": (1, 4), "min_tokens": (0, 4)}
+CAPS = {"max_tokens": (1, 4), "max_completion_tokens": (1, 4), "max_output_tokens": (1, 4), "min_tokens": (0, 4)}
 SMALL = {"n": (1, 2), "best_of": (1, 2)}
 # JSON number literals (written into the body text: Python's json cannot write some of them).
 HUGE_NUMBERS = ["1e30", "-1e30", "9223372036854775808", "18446744073709551616", "-9223372036854775809", "1" + "0" * 5000, "1e400", "-1e400", "5e-324"]
@@ -47,7 +56,7 @@ def body_schema(document: dict, name: str, model: str) -> dict:
         if field in properties:
             properties[field] = {"type": "integer", "minimum": low, "maximum": high}
     properties["model"] = {"const": model}
-    schema["required"] = sorted({*schema["required"], "max_tokens"})  # chat without it runs to the context's end
+    schema["required"] = sorted({*schema["required"], OUTPUT_BOUND.get(name, "max_tokens")})  # chat without it runs to the context's end
     return schema | {"components": document["components"]}
 
 
@@ -72,9 +81,9 @@ def malformed(draw: st.DrawFn, body: dict) -> bytes:
         body[draw(st.sampled_from([field, "n", "temperature", "seed", "top_k", "logprobs", "dry_allowed_length"]))] = HUGE
         return json.dumps(body).replace(json.dumps(HUGE), draw(st.sampled_from(HUGE_NUMBERS))).encode()
     elif kind == "unicode":
-        text_field = "prompt" if "prompt" in body else "messages"
+        text_field = "prompt" if "prompt" in body else "input" if "input" in body else "messages"
         value = draw(ANY_TEXT)
-        body[text_field] = value if text_field == "prompt" else [{"role": "user", "content": value}]
+        body[text_field] = value if text_field in ("prompt", "input") else [{"role": "user", "content": value}]
         body["stop"] = draw(st.lists(ANY_TEXT, max_size=2))
     elif kind == "missing_field":
         del body[field]
@@ -100,19 +109,34 @@ def cases(document: dict, model: str) -> st.SearchStrategy[tuple[str, bytes]]:
     return st.one_of(strategies)
 
 
-def check_answer(response: httpx.Response) -> None:
-    """2xx, 4xx or 503 for a full queue; non-2xx is OpenAI error JSON; a stream's frames are JSON
-    ending with [DONE], an error among them never a server error (an engine that died included)."""
+def check_answer(path: str, response: httpx.Response) -> None:
+    """2xx, 4xx or 503 for a full queue; non-2xx is the API's error JSON (OpenAI's, Anthropic's on the
+    Messages API); a stream's frames are JSON ending as the API ends them, an error among them never a
+    server error (an engine that died included)."""
     assert response.status_code < 500 or response.status_code == 503, response.text
     if response.status_code != 200:
+        if path == "/v1/messages":
+            body = response.json()
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, response.text
+            return
         error = response.json()["error"]
         assert set(error) == ERROR_KEYS, response.text
         assert response.status_code != 503 or error["code"] == "server_full", response.text
         return
     if not response.headers["content-type"].startswith("text/event-stream"):
-        assert response.json()["choices"], response.text
+        assert {"/v1/responses": "output", "/v1/messages": "content"}.get(path, "choices") in response.json(), response.text
         return
     frames = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+    if path == "/v1/responses":
+        last = json.loads(frames[-1])
+        assert last["type"] in ("response.completed", "response.incomplete", "response.failed"), response.text
+        assert last["type"] != "response.failed" or last["response"]["error"]["code"] == "invalid_prompt", response.text
+        return
+    if path == "/v1/messages":
+        last = json.loads(frames[-1])
+        assert last["type"] in ("message_stop", "error"), response.text
+        assert last["type"] != "error" or last["error"]["type"] == "invalid_request_error", response.text
+        return
     assert frames[-1] == "[DONE]", response.text
     for frame in map(json.loads, frames[:-1]):
         if "error" in frame:
@@ -122,7 +146,7 @@ def check_answer(response: httpx.Response) -> None:
 def test_openapi_document_describes_the_request_bodies(server):
     with server.http() as http:
         document = http.get("/openapi.json").json()
-    assert set(document["paths"]) == set(ENDPOINTS)
+    assert set(document["paths"]) == set(ENDPOINTS) | OTHER_PATHS
     completion = document["components"]["schemas"]["CompletionRequest"] | {"components": document["components"]}
     chat = document["components"]["schemas"]["ChatCompletionRequest"] | {"components": document["components"]}
     jsonschema.validate({"model": server.model, "prompt": "Hi", "max_tokens": 4, "top_k": 40, "stop": "."}, completion)
@@ -181,7 +205,7 @@ async def send_all(server, drawn: list[tuple[str, bytes]]) -> tuple[dict[int, in
             return
         statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
         try:
-            check_answer(response)
+            check_answer(path, response)
         except AssertionError as error:
             failures.append(f"{path} {content[:300]!r}: {str(error)[:300]}")
 
