@@ -45,7 +45,7 @@ from bench.lib.serve_cluster import PROXY_OPTIONS, ServeCluster
 from bench.serve_load import MAIN_PROXY, warm_up
 from deployments import build_app
 from deployments.engine_actor import EngineHandle
-from deployments.ingress import app_engine
+from deployments.engine_placement import app_engine
 from engine.config import DEFAULT_MODEL
 
 ROUNDS = {16: 4, 256: 1}  # concurrency -> rounds of streams, for enough requests per row

@@ -37,7 +37,7 @@ from bench.serve_load import idle_cpu_percent, warm_up
 from deployments import build_app
 from deployments.config import ServeArgs
 from deployments.engine_actor import EngineHandle
-from deployments.ingress import ENGINE_NAMESPACE, engine_name
+from deployments.engine_placement import ENGINE_NAMESPACE, engine_name
 
 HOST = "127.0.0.1"
 MODEL = "smollm2-135m-instruct"

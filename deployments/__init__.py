@@ -10,7 +10,8 @@ with no Ray, is the `deployments.openai` package):
    request's strings once (bad words, DRY breakers, negative prompt), registers one
    `streams.ChoiceStream` per choice with the `output_router.OutputRouter`, and adds them to
    the least loaded live engine in one batched actor call per tick (`tick_batcher`).
-3. `engine_actor.EngineActor` (one per GPU, detached, owned by the app) runs `EngineCore`
+3. `engine_actor.EngineActor` (one per GPU, detached, owned by the app, named and placed by
+   `engine_placement`) runs `EngineCore`
    on its own thread; each step's new token ids for a replica's requests wait in that
    replica's mailbox. Every reply carries the engine's incarnation; the engine steps at
    most a few steps ahead of what its replicas have routed (`step_credits`).
@@ -18,8 +19,10 @@ with no Ray, is the `deployments.openai` package):
    back the aborts found since the last poll; it detokenizes them in one batch, inline or
    on the `detok_pool` deployment, and puts text deltas in each request's `streams.Mailbox`.
    A stop string found there finishes the choice and its abort rides the next poll.
-5. `engine_client.EngineClient.stream` turns mailbox deltas into SSE frames (`openai.responses`)
-   that `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once.
+5. `engine_client.EngineClient.deltas`, the one loop over a request's output, hands the mailbox
+   deltas to the wire format: SSE frames or a whole body built by `openai.choices` (completions,
+   chat), `openai.responses_writer` (Responses) or `anthropic.messages_writer` (Messages), which
+   `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class _Subscriber:
 
 
 class EngineActor:
-    """Wrap with ``ray.remote`` (see `deployments.ingress.engine_handles`); the methods marked ``@ray.method`` are
+    """Wrap with ``ray.remote`` (see `deployments.engine_placement.engine_handles`); the methods marked ``@ray.method`` are
     called by ingress replicas through an `EngineHandle`, which types their ``.remote`` calls.
 
     All engine work happens on one thread: calls are queued as commands and applied

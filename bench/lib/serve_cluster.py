@@ -34,7 +34,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.driver import direct_ingress_ports
-from deployments.ingress import kill_engines
+from deployments.engine_placement import kill_engines
 from deployments.launch import FAST_PATH_ENV
 from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
 

@@ -36,7 +36,7 @@ from ray.util.state import list_actors
 
 from bench.lib.serve_cluster import free_port
 from deployments import build_app
-from deployments.ingress import app_engine
+from deployments.engine_placement import app_engine
 
 FULL = os.environ.get("SPOUT_E2E_FULL") == "1"
 STREAMS = 64 if FULL else 24

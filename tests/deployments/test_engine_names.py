@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployments.config import ServeArgs
-from deployments.ingress import engine_name
+from deployments.engine_placement import engine_name
 
 
 def name(**options: str) -> str:

@@ -15,7 +15,7 @@ from ray import serve
 from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.driver import wait_until_healthy
-from deployments.ingress import ENGINE_NAMESPACE, app_engines
+from deployments.engine_placement import ENGINE_NAMESPACE, app_engines
 
 APP = "spout"
 OPTIONS = {"model": "tiny-random", "max_num_seqs": "8", "detok_min_replicas": "0"}

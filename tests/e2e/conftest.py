@@ -12,7 +12,7 @@ import pytest
 from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
 from deployments import build_app
 from deployments.driver import wait_until_healthy
-from deployments.ingress import app_engine
+from deployments.engine_placement import app_engine
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "test-key"

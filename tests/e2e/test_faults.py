@@ -12,7 +12,7 @@ import time
 import httpx
 import ray
 
-from deployments.ingress import app_engines
+from deployments.engine_placement import app_engines
 from tests.e2e.probes import FULL_SIZE, greedy_body, greedy_text, serve_replicas, sse_payloads
 
 NUM_STREAMS = 256
