@@ -107,7 +107,7 @@ class RequiredCallsParser(ToolCallParser):
         if end is not None:
             self.reading, rest, self.held = Reading.DONE, self.held[end.end() :], ""
             return rest
-        if len(self.held.encode()) > MAX_HEAD_BYTES:
+        if len(self.held.encode(errors="surrogatepass")) > MAX_HEAD_BYTES:
             self.reading, rest, self.held = Reading.TEXT, self.held, ""
             return rest
         return ""
