@@ -42,7 +42,7 @@ stop: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 lint: install
 	$(VENV)/bin/ruff check --fix .
