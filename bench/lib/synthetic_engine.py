@@ -97,7 +97,13 @@ class SyntheticEngineCore:
         return self.finished_generated_counts[request_id]
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, strings: TokenizedStrings | None = None, client: str = ""
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        strings: TokenizedStrings | None = None,
+        client: str = "",
+        client_id: str | None = None,
     ) -> None:
         if not prompt_token_ids or len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequestError(f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}")
