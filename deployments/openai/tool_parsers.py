@@ -95,7 +95,7 @@ class HermesToolParser(ToolCallParser):
                 if end < 0:
                     # Over the limit even if the end tag has begun: not a call we keep, it is text
                     # (but for a tail that may start the next call).
-                    if len(self.pending.encode()) >= self.max_call_bytes + len(self.END):
+                    if len(self.pending.encode(errors="surrogatepass")) >= self.max_call_bytes + len(self.END):
                         keep = held_back(self.pending, self.START)
                         parsed.content += self.START + self.pending[: len(self.pending) - keep]
                         self.pending, self.in_call = self.pending[len(self.pending) - keep :], False
@@ -120,7 +120,7 @@ class HermesToolParser(ToolCallParser):
 
     def _close(self, body: str) -> ParsedText:
         """A closed call's body: the call, or the text as the model wrote it when it is not a call of a known function."""
-        call = self._call(body) if len(body.encode()) <= self.max_call_bytes else None
+        call = self._call(body) if len(body.encode(errors="surrogatepass")) <= self.max_call_bytes else None
         if call is None:
             return ParsedText(self.START + body + self.END)
         self.num_calls += 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deployments.openai.constrained_calls import MAX_HEAD_BYTES, NamedCallParser, RequiredCallsParser
@@ -106,6 +106,7 @@ def test_what_is_held_between_calls_is_bounded():
     assert parsed.content.startswith("[ ")
 
 
+@example("\ud800", [])  # a lone surrogate: the byte count raised once
 @given(HOSTILE_OUTPUTS, st.lists(st.integers(0, 300), max_size=12))
 def test_no_output_makes_a_constrained_parser_raise(text, cuts):
     for new_parser in (lambda: RequiredCallsParser(NAMES), lambda: NamedCallParser("add")):

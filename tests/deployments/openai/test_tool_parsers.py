@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deployments.openai.tool_parsers import CallFragment, HermesToolParser, ParsedText, held_back
@@ -131,6 +131,7 @@ JSON_ISH = st.text(alphabet=st.sampled_from(list('{}[]",:0123456789.eE+-\\ntrufa
 HOSTILE_OUTPUTS = st.lists(st.one_of(JSON_ISH, st.sampled_from([START, END, '"name"', '"get_weather"', '"arguments"']), NOISE), max_size=10).map("".join)
 
 
+@example(START + "\ud800", [])  # a lone surrogate: the byte counts raised once
 @given(HOSTILE_OUTPUTS, st.lists(st.integers(0, 300), max_size=12))
 def test_no_output_makes_the_parser_raise(text: str, cuts: list[int]):
     parsed = parse(splits(text, cuts), max_call_bytes=256)
