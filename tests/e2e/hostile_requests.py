@@ -216,6 +216,14 @@ CASES = [
     Hostile("schema over the size limit", completion(response_format=json_schema_format(1500)), ERROR, "response_format"),
     Hostile("schema slow to compile", completion(response_format=json_schema_format(900)), (200, 400)),
     Hostile("regex that does not compile", completion(structured_outputs={"regex": "(" * 40}), (400,), "structured_outputs"),
+    Hostile(
+        "whitespace pattern over the size limit",
+        completion(structured_outputs={"json": {"type": "object"}, "whitespace_pattern": " *" * 20_000}),
+        ERROR,
+        None,
+    ),
+    Hostile("priority at the int64 limit under fcfs", completion(priority=2**63 - 1), (400,), None),
+    Hostile("chat template kwargs of a megabyte", chat([{"role": "user", "content": "hi"}], chat_template_kwargs={"x": "a" * 2**20}), (200, 400, 413)),
     Hostile("tools over the count limit", chat([{"role": "user", "content": "hi"}], tools=[tool(f"f{i}") for i in range(100)]), ERROR, "tools"),
     Hostile(
         "required call schema over the size limit",
