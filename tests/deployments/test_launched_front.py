@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, Ports, listen_addresses, ray_and_haproxy_processes
+from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, listen_addresses, ray_and_haproxy_processes, serving
 
 DASHBOARD = re.compile(r"View the dashboard at \S*?http://([\d.]+):(\d+)")
 CONNECT_TIMEOUT_S = 120.0
@@ -34,13 +34,8 @@ def processes_before() -> set[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, processes_before):
-    launched = LaunchedServer(tmp_path_factory.mktemp("front") / "launch.log", Ports())
-    try:
-        launched.start()
-        launched.wait_serving()
+    with serving(tmp_path_factory.mktemp("front") / "launch.log") as launched:
         yield launched
-    finally:
-        launched.stop_if_running()
 
 
 def driver_environ(server: LaunchedServer) -> dict[str, str]:
