@@ -84,13 +84,14 @@ class LaunchedServer:
 
     log: Path
     ports: Ports
+    launch_flags: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
     tree: list[psutil.Process] = field(default_factory=list)
     direct_ports: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(self.ports.stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(self.ports.metrics)}
-        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *OPTIONS]
+        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *self.launch_flags, *OPTIONS]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -23,6 +23,8 @@ from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAY
 
 DASHBOARD = re.compile(r"View the dashboard at \S*?http://([\d.]+):(\d+)")
 CONNECT_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 80.0
+"""Beyond the default 30 s: the drained streams (below) must end within it even on a loaded machine."""
 RAY_CLIENT = "import ray; ray.init(address={address!r}, log_to_driver=False); print('connected', flush=True); ray.shutdown()"
 
 
@@ -34,7 +36,7 @@ def processes_before() -> set[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, processes_before):
-    launched = LaunchedServer(tmp_path_factory.mktemp("front") / "launch.log", Ports())
+    launched = LaunchedServer(tmp_path_factory.mktemp("front") / "launch.log", Ports(), ("--drain-timeout-s", str(DRAIN_TIMEOUT_S)))
     try:
         launched.start()
         launched.wait_serving()
