@@ -3,6 +3,7 @@ validated (a missing field fails) with no field they do not declare, at any dept
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import pydantic
@@ -21,8 +22,14 @@ def no_unknown_fields(value: object, where: str = "") -> None:
             no_unknown_fields(item, f"{where}.{key}")
 
 
+@cache
+def adapter(sdk_type: Any) -> pydantic.TypeAdapter:
+    """One adapter per type: building one for a union of a hundred event types takes a large share of a second."""
+    return pydantic.TypeAdapter(sdk_type)
+
+
 def strict(sdk_type: Any, payload: object) -> Any:
     """``payload`` validated as ``sdk_type``, and checked for fields the SDK does not know."""
-    value = pydantic.TypeAdapter(sdk_type).validate_python(payload)
+    value = adapter(sdk_type).validate_python(payload)
     no_unknown_fields(value)
     return value

@@ -16,7 +16,7 @@ SCRAPE_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("replicas") / "launch.log", [*OPTIONS, "ingress_replicas=2"]) as launched:
+    with serving(tmp_path_factory.mktemp("replicas") / "launch.log", [*OPTIONS, "ingress_min_replicas=2", "ingress_max_replicas=2"]) as launched:
         yield launched
 
 
