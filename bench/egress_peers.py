@@ -34,6 +34,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ray.serve import Application
+
 from bench.lib import vllm_cpu_build
 from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
 from bench.lib.hf_export import egress_tiny_checkpoint, export_hf_folder
@@ -73,6 +75,11 @@ def model_folder() -> Path:
     if not (MODEL_DIR / "config.json").exists():
         export_hf_folder(egress_tiny_checkpoint(), MODEL_DIR)
     return MODEL_DIR
+
+
+def spout_app(folder: Path) -> Application:
+    """``make run``'s app on ``folder``."""
+    return build_app({"model": str(folder), "served_model_name": SERVED_NAME})
 
 
 def rounds(concurrency: int, min_tokens: int) -> int:
@@ -123,7 +130,7 @@ def front_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[list[Level], dict[str, float]]:
     """``make run``'s app on ``folder``: each level, and the processes' idle CPU before the load."""
     with ServeCluster(DEFAULT_PROXY) as cluster:
-        port = cluster.deploy(build_app({"model": str(folder), "served_model_name": SERVED_NAME}), SPOUT)
+        port = cluster.deploy(spout_app(folder), SPOUT)
         warm_up(port, SERVED_NAME)
         idle = idle_cpu_percent()
         levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]
