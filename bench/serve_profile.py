@@ -7,7 +7,7 @@ with Ray) for S seconds, and writes bench/results/serve_profile.txt: per process
 CPU µs per output token over the window, the functions with the largest share of
 its non-idle samples (inclusive), and the lines that spent them (self time), so the
 closing figures have a breakdown. ``--egress-peers`` profiles `bench.egress_peers`'s Spout
-side instead: ``make run``'s app (HAProxy in front, the defaults) on the egress-tiny folder, read
+side instead: ``make run``'s app (HAProxy in front, the defaults, its engine on one thread as there) on the egress-tiny folder, read
 by the httpx client, written to bench/results/serve_profile_egress_peers.txt.
 """
 
