@@ -7,10 +7,15 @@ one server after the other, on loopback:
 
 - Spout's app on its defaults as ``make run`` starts it: Serve's fast path with HAProxy on
   Serve's port in front of the ingress replica (`bench.lib.serve_cluster.DEFAULT_PROXY`),
-  ``build_app({"model": <folder>})``;
+  ``build_app({"model": <folder>, "engine_cpu_threads": ENGINE_THREADS})``;
 - vLLM's CPU build (`bench.lib.vllm_cpu_build`), ``python -m vllm.entrypoints.openai.api_server``
   on the same folder in float32, ``--max-num-seqs 256`` (Spout's default), its engine bound to
-  `VLLM_THREADS` core, without uvicorn's access log (Spout writes none).
+  `ENGINE_THREADS` core, without uvicorn's access log (Spout writes none).
+
+Both engines compute on the same number of threads, `ENGINE_THREADS` (one of the two cores, the other
+left to the front and the client): vLLM's through ``VLLM_CPU_OMP_THREADS_BIND`` (its one thread pinned
+to core 0), Spout's through ``engine_cpu_threads`` (its one torch thread not pinned; by default it
+would take both cores).
 
 Each server gets the same load from the same client: the httpx client of `bench.lib.load_client`
 (one ``httpx.AsyncClient``, each SSE line read as the ``openai`` SDK does), 16, 64 and 256
@@ -34,6 +39,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ray.serve import Application
+
 from bench.lib import vllm_cpu_build
 from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
 from bench.lib.hf_export import egress_tiny_checkpoint, export_hf_folder
@@ -51,8 +58,8 @@ MAX_TOKENS = 64
 MIN_TOKENS = 16384
 QUICK_MIN_TOKENS = 1024
 TIMEOUT_S = 900
-VLLM_THREADS = 1
-"""Cores vLLM's engine computes on: one of the two, the other left to its API server and the client."""
+ENGINE_THREADS = 1
+"""Threads each server's engine computes on: one of the two cores, the other left to the front and the client."""
 VLLM_KV_GIB = 1
 VLLM_ARGS = ("--max-num-seqs", "256", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning")
 VLLM_LOG = Path("/tmp/bench-egress-peers-vllm.log")
@@ -73,6 +80,11 @@ def model_folder() -> Path:
     if not (MODEL_DIR / "config.json").exists():
         export_hf_folder(egress_tiny_checkpoint(), MODEL_DIR)
     return MODEL_DIR
+
+
+def spout_app(folder: Path) -> Application:
+    """``make run``'s app on ``folder``, its engine on `ENGINE_THREADS` threads."""
+    return build_app({"model": str(folder), "served_model_name": SERVED_NAME, "engine_cpu_threads": ENGINE_THREADS})
 
 
 def rounds(concurrency: int, min_tokens: int) -> int:
@@ -123,7 +135,7 @@ def front_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[list[Level], dict[str, float]]:
     """``make run``'s app on ``folder``: each level, and the processes' idle CPU before the load."""
     with ServeCluster(DEFAULT_PROXY) as cluster:
-        port = cluster.deploy(build_app({"model": str(folder), "served_model_name": SERVED_NAME}), SPOUT)
+        port = cluster.deploy(spout_app(folder), SPOUT)
         warm_up(port, SERVED_NAME)
         idle = idle_cpu_percent()
         levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]
@@ -136,7 +148,7 @@ def sweep_vllm(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[
     vllm_cpu_build.ensure_vllm_cpu()
     port = free_port()
     command = vllm_cpu_build.server_command(folder, SERVED_NAME, HOST, port, VLLM_ARGS)
-    environment = vllm_cpu_build.server_environment(VLLM_THREADS, VLLM_KV_GIB)
+    environment = vllm_cpu_build.server_environment(ENGINE_THREADS, VLLM_KV_GIB)
     with VLLM_LOG.open("w") as log, subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
             vllm_cpu_build.wait_healthy(HOST, port, server, VLLM_LOG)
@@ -169,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         "max_tokens": MAX_TOKENS,
         "min_tokens_per_level": min_tokens,
         "front_kinds": FRONT_KINDS,
-        "vllm": {"package": f"{vllm_cpu_build.PACKAGE}=={vllm_cpu_build.VERSION}", "args": VLLM_ARGS, "threads": VLLM_THREADS},
+        "vllm": {"package": f"{vllm_cpu_build.PACKAGE}=={vllm_cpu_build.VERSION}", "args": VLLM_ARGS, "threads": ENGINE_THREADS},
+        "engine_threads": {SPOUT: ENGINE_THREADS, VLLM: ENGINE_THREADS},
         "idle_cpu_percent": {SPOUT: spout_idle, VLLM: vllm_idle},
         "ratios": ratios,
         **quietness(load_before),

@@ -31,6 +31,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from deployments import haproxy_front
+from deployments.idle_settings import idle_env
 from deployments.private_folder import haproxy_files
 
 FAST_PATH_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
@@ -69,14 +70,14 @@ def ray_started() -> bool:
 
 
 def enable_for_serve_run(environ: MutableMapping[str, str] = os.environ, argv: list[str] = sys.argv) -> bool:
-    """Under ``serve run``, before it starts Ray: the fast path's variables, unless the operator set
+    """Under ``serve run``, before it starts Ray: the fast path's variables and `deployments.idle_settings`', unless the operator set
     them, and HAProxy's files in a private folder (removed when the command exits), unless the
     operator named them. True when it set anything. Elsewhere (a Ray worker building the app for
     ``serve deploy``, a test, a driver of one's own) it does nothing: the cluster's start decides."""
     if not is_serve_run(argv) or ray_started():
         return False
     changed = False
-    for name, value in FAST_PATH_ENV.items():
+    for name, value in (FAST_PATH_ENV | idle_env(environ)).items():
         if name not in environ:
             environ[name] = value
             changed = True

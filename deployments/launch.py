@@ -39,6 +39,7 @@ import psutil
 
 from deployments import haproxy_admin, haproxy_front
 from deployments.fast_path import FAST_PATH_ENV
+from deployments.idle_settings import idle_env
 from deployments.private_folder import haproxy_files, private_environment
 from deployments.processes import (
     LAUNCH_ENV,
@@ -200,7 +201,7 @@ def _environ(process: psutil.Process) -> dict[str, str]:
 def start_driver(argv: list[str], folder: str) -> subprocess.Popen:
     """The Ray driver in a session of its own (a terminal's Ctrl-C reaches only the launcher), marked,
     with the launch's files in its private ``folder`` (`deployments.private_folder`)."""
-    env = private_environment(folder, dict(os.environ)) | FAST_PATH_ENV | {LAUNCH_ENV: str(os.getpid())}
+    env = private_environment(folder, dict(os.environ)) | FAST_PATH_ENV | idle_env(os.environ) | {LAUNCH_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", DRIVER_MODULE, *argv], env=env, start_new_session=True)
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Awaitable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+from ray import ObjectRef
 
 from deployments.detok_pool import DetokClient
 from deployments.metrics import IngressMetrics
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from deployments.engine_actor import EngineHandle
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENGINE_POLL_TIMEOUT_S = 1.0
 ENGINE_CALL_TIMEOUT_S = 30.0  # an engine that answers no call in this long is taken for dead
@@ -106,7 +110,7 @@ class OutputRouter:
             aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
                 poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)
-                polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
+                polled = await asyncio.wait_for(reply_future(poll), ENGINE_CALL_TIMEOUT_S)
             except Exception as error:  # the actor died (Ray restarts it) or hangs
                 logger.error("engine %d failed: %r", engine_index, error)
                 self._engine_down(engine_index)
@@ -125,9 +129,14 @@ class OutputRouter:
     async def _route(self, outputs: list[EngineOutput]) -> None:
         live: list[tuple[ChoiceStream, EngineOutput, int]] = []
         items: list[DetokItem] = []
+        streams = self.streams
         for output in merge_outputs(expand_beams(outputs)):
-            stream = self.streams.get(output.request_id)
+            stream = streams.get(output.request_id)
             if stream is None or stream.finished:
+                continue
+            if output.prompt_logprobs is None and output.logprobs is None:  # the common case: no strings to render
+                live.append((stream, output, 0))
+                items.append(DetokItem(stream.detok_state, output.new_token_ids, output.finish_reason is not None))
                 continue
             prompt_ids = [] if output.prompt_logprobs is None else prompt_logprob_token_ids(output.prompt_logprobs)
             logprob_ids = [] if output.logprobs is None else logprob_token_ids(output.new_token_ids, output.logprobs)
@@ -159,8 +168,9 @@ class OutputRouter:
         strings = result.token_strings
         logprobs = logprob_entries(output.logprobs, strings[num_prompt_strings:]) if output.logprobs is not None else None
         prompt = None if output.prompt_logprobs is None else prompt_logprob_entries(output.prompt_logprobs, strings[:num_prompt_strings])
-        stream.num_draft_tokens += output.num_draft_tokens
-        stream.num_accepted_tokens += output.num_accepted_tokens
+        if output.num_draft_tokens:
+            stream.num_draft_tokens += output.num_draft_tokens
+            stream.num_accepted_tokens += output.num_accepted_tokens
         if result.stop is not None:
             stream.finished = True
             keep = result.stop.keep_tokens
@@ -173,6 +183,12 @@ class OutputRouter:
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
         stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs, prompt)
+
+
+def reply_future(reply: Awaitable[T]) -> Awaitable[T]:
+    """An actor call's reply as the asyncio future that awaiting its ObjectRef wraps, so that ``wait_for``
+    wraps no task around it (one per engine step); anything else (a stand-in engine's coroutine) as it is."""
+    return asyncio.wrap_future(reply.future()) if isinstance(reply, ObjectRef) else reply
 
 
 def expand_beams(outputs: list[EngineOutput]) -> list[EngineOutput]:

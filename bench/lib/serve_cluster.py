@@ -15,7 +15,8 @@ needs its own cluster:
   gRPC between deployments, GC frozen after start, no request logs to stderr.
 - ``throughput_optimized_haproxy``: both: HAProxy on Serve's port in front of
   throughput-optimized replicas, so that several replicas keep one address. This is
-  `DEFAULT_PROXY`, what ``make run`` (`deployments.launch`) serves with.
+  `DEFAULT_PROXY`, what ``make run`` (`deployments.launch`) serves with, with its Serve settings
+  for a quieter idle (`deployments.idle_settings`).
 
 HAProxy's stats and Prometheus ports get free ports per cluster, so that clusters on one
 machine do not collide.
@@ -35,6 +36,7 @@ from ray.serve import Application
 
 from deployments.driver import direct_ingress_ports
 from deployments.engine_placement import kill_engines
+from deployments.idle_settings import idle_env
 from deployments.launch import FAST_PATH_ENV
 from deployments.processes import ephemeral_ports, port_is_free, taken_port_ranges
 
@@ -43,7 +45,7 @@ PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
-    "throughput_optimized_haproxy": FAST_PATH_ENV,
+    "throughput_optimized_haproxy": FAST_PATH_ENV | idle_env({}),
 }
 DEFAULT_PROXY = "throughput_optimized_haproxy"
 COMMON_ENV = {

@@ -46,7 +46,7 @@ async def completion_frames(
             unfinished = len(echo_texts)
             async for step in deltas:
                 choices = []
-                for i, d in sorted(step.items()):
+                for i, d in step.items() if len(step) == 1 else sorted(step.items()):
                     completion_tokens += len(d.token_ids)
                     unfinished -= d.finish_reason is not None
                     choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, echo_texts[i], thoughts[i] if thoughts else None))
@@ -100,6 +100,8 @@ def choice_json(
     """A stream chunk's choice for ``delta``, encoded; with ``thoughts``, its reasoning split from its
     answer; with ``calls``, its answer read for tool calls. A first delta with the prompt's logprobs of
     an echo starts with ``echo_text``."""
+    if calls is None and thoughts is None and delta.logprobs is None and delta.prompt_logprobs is None:  # a stream's common frame
+        return fmt.text_choice_json(index, delta.text, delta.finish_reason, delta.stop_reason)
     logprobs = choice_logprobs(fmt, delta.logprobs, delta.prompt_logprobs, offset)
     if thoughts is not None:
         finished = delta.finish_reason is not None

@@ -84,6 +84,10 @@ class ResponseFormat:
         stream's common frame: no ``logprobs``, no ``tool_calls``) is written from a template, only its text encoded."""
         if extra.get("logprobs") is not None or extra.get("tool_calls") or extra.get("role") or extra.get("reasoning"):
             return _JSON.encode(self.chunk_choice(index, text, finish_reason, stop_reason, **extra))
+        return self.text_choice_json(index, text, finish_reason, stop_reason)
+
+    def text_choice_json(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> str:
+        """`choice_json` of a choice of text alone, from the template."""
         head, middle = self._text_choice_head
         close = "}," if self.chat else ","
         finish = "null" if finish_reason is None else _JSON.encode(finish_reason)

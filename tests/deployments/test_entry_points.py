@@ -75,9 +75,11 @@ def test_only_serve_run_is_switched_and_the_operator_choice_stands(monkeypatch):
     assert not is_serve_run(["/x/.venv/bin/serve", "deploy", "serve_config.yaml"]) and not is_serve_run(["pytest", "run"])
     environ: dict[str, str] = {}
     assert not enable_for_serve_run(environ, ["pytest"]) and environ == {}
-    operator = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    operator = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"}
     assert enable_for_serve_run(operator, ["serve", "run", "deployments:app"])
-    assert operator == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}  # no HAProxy, so no HAProxy files
+    quiet = {"RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000", "RAY_SERVE_HAPROXY_NBTHREAD": str(min(4, os.cpu_count() or 1))}
+    # no HAProxy, so no HAProxy files; the operator's control loop interval kept
+    assert operator == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"} | quiet
     assert "RAY_SERVE_ENABLE_HA_PROXY" in fast_path_warning(operator)
     assert fast_path_warning(dict(FAST_PATH_ENV)) is None
 
