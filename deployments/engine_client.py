@@ -22,6 +22,7 @@ from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, Outp
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
+from deployments.tracing import RequestTrace, current_trace
 from detok import initial_state
 from engine.beam.choices import beam_choice_id
 from sampling.params import SamplingParams
@@ -37,6 +38,7 @@ class Submission:
     num_prompt_tokens: int
     echo_texts: list[str]
     arrived: float
+    trace: RequestTrace | None = None
 
     def usage(self, completion_tokens: int) -> dict[str, object]:
         """The OpenAI usage, with the choices' drafted and accepted tokens."""
@@ -150,8 +152,11 @@ class EngineClient:
         if refused:
             self._withdraw(streams)
             raise APIError(refused[0].status, refused[0].message, code=refused[0].code)
-        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
-        return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
+        num_prompt_tokens = sum(len(p) for p in prompts)
+        self.metrics.prompt_tokens.inc(num_prompt_tokens)
+        if (trace := current_trace.get()) is not None:
+            trace.submitted(num_prompt_tokens, len(streams))
+        return Submission(format, streams, mailbox, num_prompt_tokens, echo_texts, time.perf_counter(), trace)
 
     def _withdraw(self, streams: list[ChoiceStream]) -> None:
         """Forget choices whose submission failed; abort them all, since some may have been added
@@ -193,6 +198,8 @@ class EngineClient:
                         unfinished -= 1
                         self.metrics.request_success.inc(delta.finish_reason)
                 self._observe_latency(submission, first, last, now, new_tokens)
+                if submission.trace is not None:
+                    submission.trace.message(new_tokens, first)
                 if not unfinished:
                     self.metrics.e2e.observe(now - submission.arrived)
                 first, last = False, now
@@ -201,6 +208,8 @@ class EngineClient:
         finally:
             self.metrics.generation_tokens.inc(completion_tokens)
             self.release(submission, cause="client_disconnect")
+            if submission.trace is not None:
+                submission.trace.outputs_ended(completion_tokens)
 
     def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:
         """A completion's or chat's SSE frames (`deployments.openai.choices.completion_frames`)."""

@@ -48,6 +48,7 @@ from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
 from deployments.prompt_encoder import PromptEncoder
 from deployments.token_routes import TokenRoutes
+from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
 from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
@@ -91,6 +92,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.in_flight = ChoiceReservations()
         self.trust_local_proxy = behind_haproxy()
         self.local_addresses = local_addresses()
+        self.tracer = tracer_from_environment(os.environ)
 
     def __del__(self) -> None:
         """Serve calls this when the replica stops: when the application is being deleted (or Serve
@@ -114,6 +116,8 @@ class Ingress(AgentAPIs, TokenRoutes):
         return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval, self.args.stream_idle_timeout_s)
 
     async def __call__(self, request: Request) -> Response:
+        trace = RequestTrace(self.tracer, request.method, request.url.path, request.headers) if self.tracer is not None else None
+        current_trace.set(trace)  # this request's task only: read where the engine takes the request
         try:
             response = await self._route(request)
         except APIError as error:
@@ -121,6 +125,8 @@ class Ingress(AgentAPIs, TokenRoutes):
         except Exception as error:
             response = self._error_response(request.url.path, internal_error(error, request.url.path))
         self.metrics.requests.inc(str(response.status_code))
+        if trace is not None:
+            trace.answered(response.status_code)
         return response
 
     async def _route(self, request: Request) -> Response:
