@@ -3,6 +3,7 @@ validated (a missing field fails) with no field they do not declare, at any dept
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -46,8 +47,14 @@ def no_unknown_fields(value: object, where: str = "", extensions: Extensions | N
             no_unknown_fields(item, f"{where}.{key}", extensions)
 
 
+@functools.cache
+def adapter(sdk_type: Any) -> pydantic.TypeAdapter:
+    """Built once per type: building one for a large union (the Responses API's stream events) takes a second."""
+    return pydantic.TypeAdapter(sdk_type)
+
+
 def strict(sdk_type: Any, payload: object, extensions: Extensions | None = None) -> Any:
     """``payload`` validated as ``sdk_type``, and checked for fields the SDK does not know (but ``extensions``)."""
-    value = pydantic.TypeAdapter(sdk_type).validate_python(payload)
+    value = adapter(sdk_type).validate_python(payload)
     no_unknown_fields(value, extensions=extensions)
     return value

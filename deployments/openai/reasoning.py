@@ -99,9 +99,10 @@ def constrained_after_thinking(params: SamplingParams, prompt_tail: str) -> Samp
 def answer_budget(params: SamplingParams, parser: ReasoningParser, max_thinking_tokens: int | None) -> tuple[SamplingParams, AnswerRules]:
     """``max_tokens`` counts the answer: the detokenizer ends the output ``max_tokens`` ids after the thinking
     (`detok.answer`, aborting it in the engine as a stop string does), and the engine's own limit becomes
-    ``max_tokens + max_thinking_tokens`` (``None``: the context's room alone bounds the thinking)."""
+    ``max_tokens + max_thinking_tokens`` (``None``: the context's room alone bounds the thinking). A beam
+    search's ``max_tokens`` still counts the whole output (its beams are scored whole)."""
     limit = params.max_tokens
-    if not limit:  # None: until the context is full; 0: the prompt only scored
+    if not limit or params.use_beam_search:  # None: until the context is full; 0: the prompt only scored; a beam search's length counts all
         return params, AnswerRules(parser.tags, None)
     engine_limit = None if max_thinking_tokens is None else limit + max_thinking_tokens
     return params.model_copy(update={"max_tokens": engine_limit}), AnswerRules(parser.tags, limit)

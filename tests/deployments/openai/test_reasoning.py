@@ -164,11 +164,11 @@ def test_a_constraint_applies_after_the_thinking_unless_the_prompt_closed_it():
     assert constrained_after_thinking(SamplingParams(), "<think>\n").structured_outputs is None
 
 
-def answer_stream(parser: str, text: str, sizes: list[int], stop: list[str], max_tokens: int | None):
+def answer_stream(parser: str, text: str, sizes: list[int], stop: list[str], max_tokens: int | None, include_stop: bool = False):
     """The detokenizer's deltas for ``text``'s ids cut into engine messages of ``sizes``, with the answer's
     rules: the text sent, the ids kept, and the hit that ended it (None: the output ran to its end)."""
     ids = THINK_TOKENIZER.encode(text, add_special_tokens=False).ids
-    params = SamplingParams(stop=stop)
+    params = SamplingParams(stop=stop, include_stop_str_in_output=include_stop)
     rules = answer_budget(SamplingParams(max_tokens=max_tokens), REASONING_PARSERS[parser], None)[1]
     state = initial_state(THINK_TOKENIZER, THINK_TOKENIZER.encode("Question:").ids, params, rules)
     out = stream(THINK_TOKENIZER, state, split_ids(ids, sizes))
@@ -202,28 +202,30 @@ ANSWER_TEXTS = [
     "<think>\nA city, as asked: a capital.\n</think>\n\nParis, a capital.",
     "So: a city.</think>Paris, a capital, and a city.",
     "Paris, a city: a capital.",
+    "<think>Café 🙂 a city?</think>🙂 Café, a capital 🙂.",
 ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.sampled_from(["qwen3", "deepseek_r1"]),
     st.sampled_from(ANSWER_TEXTS),
     st.lists(st.integers(1, 5), min_size=1, max_size=6),
     st.sampled_from([[], ["a"], [", a"], ["capital", "Par"], ["</think>"], ["city"]]),
     st.one_of(st.none(), st.integers(1, 12)),
+    st.booleans(),
 )
-def test_stop_strings_and_max_tokens_apply_to_the_answer_whatever_the_split(parser, text, sizes, stop, max_tokens):
+def test_stop_strings_and_max_tokens_apply_to_the_answer_whatever_the_split(parser, text, sizes, stop, max_tokens, include_stop):
     """Stop strings are looked for in the answer only, and max_tokens counts the answer's ids, exactly
     under every split of the ids into engine messages: the ids kept and the text sent are those of the
     shortest prefix of the output whose answer holds a stop string, or whose answer has max_tokens ids."""
-    deltas, kept, hit = answer_stream(parser, text, sizes, stop, max_tokens)
+    deltas, kept, hit = answer_stream(parser, text, sizes, stop, max_tokens, include_stop)
     expected_kept, expected_stop = expected_answer_end(parser, text, stop, max_tokens)
     ids = THINK_TOKENIZER.encode(text, add_special_tokens=False).ids
     reasoning, answer = split(parser, deltas)
     whole_reasoning, whole_answer = split(parser, [THINK_TOKENIZER.decode(ids[:expected_kept])])
     if expected_stop is not None:
-        whole_answer = whole_answer[: whole_answer.find(expected_stop)]
+        whole_answer = whole_answer[: whole_answer.find(expected_stop) + (len(expected_stop) if include_stop else 0)]
         assert hit == StopHit(expected_stop, hit.keep_tokens)
     elif expected_kept < len(ids):
         assert hit == StopHit(None, hit.keep_tokens)  # the answer's length
@@ -245,6 +247,8 @@ def test_max_tokens_counts_the_answer_and_the_engine_gets_the_thinking_budget():
     assert params.max_tokens == 105 and rules == AnswerRules(ThinkingTags("<think>", "</think>", False), 5)
     assert answer_budget(SamplingParams(max_tokens=5), parser, None)[0].max_tokens is None  # the context bounds the thinking
     assert answer_budget(SamplingParams(max_tokens=None), parser, 100)[0].max_tokens is None
+    beams = SamplingParams(max_tokens=5, use_beam_search=True, n=2, temperature=0.0)
+    assert answer_budget(beams, parser, 100) == (beams, AnswerRules(parser.tags, None))  # a beam search's length counts all
     deltas, kept, hit = answer_stream("qwen3", ANSWER_TEXTS[0], [3], [], 2)
     ids = THINK_TOKENIZER.encode(ANSWER_TEXTS[0], add_special_tokens=False).ids
     thinking = ids.index(THINK_TOKENIZER.token_to_id("</think>")) + 1
