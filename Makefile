@@ -39,10 +39,25 @@ run: install
 stop: install
 	$(PY) -m deployments.stop
 
+# `make test` runs the suite in two lanes at once: the tests that start Ray or a server (one at a time,
+# since they share the machine's ports) and the libraries' in-process tests, which fill the time the
+# first lane spends waiting on Ray. The serving lane's output is printed when both have ended.
+# The serving lane: these folders, and the test files at the top of tests/deployments (its subfolders,
+# the wire formats, are in-process); the libraries lane: everything else.
+SERVING_FOLDERS := tests/e2e tests/cluster tests/bench
+SERVING_FILES := tests/deployments/test_*.py
+
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=25 tests
+	@mkdir -p .cache
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SERVING_FOLDERS) $(wildcard $(SERVING_FILES)) \
+		> .cache/serving-tests.log 2>&1 & serving=$$!; \
+	$(PY) -m pytest -q --durations=15 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) --ignore-glob='$(SERVING_FILES)'; libraries=$$?; \
+	wait $$serving; serving_status=$$?; \
+	echo "== the serving lane =="; cat .cache/serving-tests.log; \
+	echo "libraries lane: exit $$libraries; serving lane: exit $$serving_status"; \
+	test $$libraries -eq 0 && test $$serving_status -eq 0
 
 lint: install
 	$(VENV)/bin/ruff check --fix .

@@ -169,7 +169,7 @@ async def _spout_code(streams: int, frames: int) -> dict:
         return {}
 
     started = time.process_time()
-    client = EngineClient([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics())  # its router starts polling at once
+    client = EngineClient([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics("tiny-random", "bench"))  # its router starts polling at once
     responses = []
     for i in range(streams):
         mailbox = Mailbox()

@@ -45,14 +45,22 @@ def build_app(args: dict[str, str] | None = None) -> Application:
             "downscale_delay_s": config.detok_downscale_delay_s,
         },
         max_ongoing_requests=16,
+        graceful_shutdown_timeout_s=config.replica_drain_timeout_s,
         ray_actor_options={"num_cpus": 0.5} | ({"resources": {config.detok_resource: DETOK_RESOURCE_UNITS}} if config.detok_resource else {}),
         logging_config=QUIET_LOGS,
     ).bind(config.model)
     ingress = serve.deployment(
         Ingress,
         name="Ingress",
-        num_replicas=config.ingress_replicas,
+        autoscaling_config={
+            "min_replicas": config.ingress_min_replicas,
+            "max_replicas": config.ingress_max_replicas,
+            "target_ongoing_requests": config.ingress_target_streams,
+            "upscale_delay_s": config.ingress_upscale_delay_s,
+            "downscale_delay_s": config.ingress_downscale_delay_s,
+        },
         max_ongoing_requests=100_000,
+        graceful_shutdown_timeout_s=config.replica_drain_timeout_s,
         ray_actor_options={"num_cpus": 0} | ({"resources": {config.ingress_resource: 1}} if config.ingress_resource else {}),
         logging_config=QUIET_LOGS,
     )

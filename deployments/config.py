@@ -86,7 +86,19 @@ class ServeArgs(RequestLimits):
     )
     detok_upscale_delay_s: float = Field(2.0, ge=0, description="Seconds the pool waits before adding a replica.")
     detok_downscale_delay_s: float = Field(30.0, ge=0, description="Seconds the pool waits before removing a replica.")
-    ingress_replicas: int = Field(1, ge=1, description="HTTP ingress replicas; each subscribes to every engine (about one per 20,000 tokens/s).")
+    ingress_min_replicas: int = Field(1, ge=1, description="Fewest HTTP ingress replicas; each subscribes to every engine (one carries about 20,000 tokens/s).")
+    ingress_max_replicas: int = Field(1, ge=1, description="Most HTTP ingress replicas; above ingress_min_replicas, Serve adds replicas as streams grow.")
+    ingress_target_streams: int = Field(
+        256, ge=1, description="Requests in flight per ingress replica that the ingress autoscaling aims at (Serve's target_ongoing_requests)."
+    )
+    ingress_upscale_delay_s: float = Field(10.0, ge=0, description="Seconds the ingress waits above its target before adding a replica.")
+    ingress_downscale_delay_s: float = Field(120.0, ge=0, description="Seconds the ingress waits below its target before removing a replica.")
+    replica_drain_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="An ingress or detokenizer replica being removed (scale-down, redeploy) takes no new requests and lets those in flight "
+        "(streams included) run this long before it stops (Serve's graceful_shutdown_timeout_s).",
+    )
     inline_detok_threshold: int = Field(
         DETOK_INLINE_ALWAYS,
         ge=0,
@@ -173,6 +185,14 @@ class ServeArgs(RequestLimits):
                 f"inline_detok_threshold {self.inline_detok_threshold} sends larger steps to the detokenizer pool, which then needs "
                 f"detok_min_replicas of at least 1 (its autoscaling does not start from none); or leave inline_detok_threshold at {DETOK_INLINE_ALWAYS}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _replica_bounds_in_order(self) -> ServeArgs:
+        for kind in ("ingress", "detok"):
+            low, high = getattr(self, f"{kind}_min_replicas"), getattr(self, f"{kind}_max_replicas")
+            if low > high:
+                raise ValueError(f"{kind}_min_replicas ({low}) must be at most {kind}_max_replicas ({high})")
         return self
 
     @model_validator(mode="after")

@@ -158,7 +158,7 @@ class EngineClient:
         if refused:
             self._withdraw(streams)
             raise APIError(refused[0].status, refused[0].message, code=refused[0].code)
-        self.metrics.tokens.inc("prompt", sum(len(p) for p in prompts))
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
         return Submission(format, streams, mailbox, sum(len(p) for p in prompts), echo_texts, time.perf_counter())
 
     def _withdraw(self, streams: list[ChoiceStream]) -> None:
@@ -197,13 +197,17 @@ class EngineClient:
                 new_tokens = 0
                 for delta in deltas.values():
                     new_tokens += len(delta.token_ids)
-                    unfinished -= delta.finish_reason is not None
+                    if delta.finish_reason is not None:
+                        unfinished -= 1
+                        self.metrics.request_success.inc(delta.finish_reason)
                 self._observe_latency(submission, first, last, now, new_tokens)
+                if not unfinished:
+                    self.metrics.e2e.observe(now - submission.arrived)
                 first, last = False, now
                 completion_tokens += new_tokens
                 yield deltas
         finally:
-            self.metrics.tokens.inc("output", completion_tokens)
+            self.metrics.generation_tokens.inc(completion_tokens)
             self.release(submission, cause="client_disconnect")
 
     def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:

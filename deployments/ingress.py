@@ -79,9 +79,10 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.args = ServeArgs.from_options(args, os.environ)
         self.auth = APIKeyCheck(self.args.api_key)
         self.tokenizer = load_tokenizer(self.args.model)
-        self.app_name = serve.get_replica_context().app_name
+        context = serve.get_replica_context()
+        self.app_name = context.app_name
         self.engines = engine_handles(self.args, self.app_name)
-        self.metrics = IngressMetrics()
+        self.metrics = IngressMetrics(self.args.model_name, context.replica_id.unique_id)
         self.encoder = PromptEncoder(self.tokenizer, self.args.max_encode_backlog_bytes)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex

@@ -82,7 +82,7 @@ def ingress(client: FakeEngineClient, **options: object) -> Ingress:
     made.auth = APIKeyCheck(None)
     made.tokenizer = load_tokenizer("tiny-random")
     made.encoder = PromptEncoder(made.tokenizer)
-    made.metrics = IngressMetrics()
+    made.metrics = IngressMetrics(made.args.model_name, "test-replica")
     made.max_model_len = 256
     made.in_flight = ChoiceReservations()
     made.trust_local_proxy = False

@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,10 +89,11 @@ class LaunchedServer:
     process: subprocess.Popen | None = None
     tree: list[psutil.Process] = field(default_factory=list)
     direct_ports: list[int] = field(default_factory=list)
+    options: list[str] = field(default_factory=lambda: list(OPTIONS))
 
     def start(self) -> None:
         env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(self.ports.stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(self.ports.metrics)}
-        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *OPTIONS]
+        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *self.options]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -139,6 +142,18 @@ class LaunchedServer:
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextmanager
+def serving(log: Path, options: list[str] = OPTIONS) -> Iterator[LaunchedServer]:
+    """A launch with ``options`` on fresh ports, serving (a module's fixture); stopped at the end if it still runs."""
+    launched = LaunchedServer(log, Ports(), options=list(options))
+    try:
+        launched.start()
+        launched.wait_serving()
+        yield launched
+    finally:
+        launched.stop_if_running()
 
 
 def stop_twice(server: LaunchedServer) -> None:

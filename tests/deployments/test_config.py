@@ -63,3 +63,10 @@ def test_detokenization_is_inline_by_default_and_a_used_pool_needs_a_replica():
     with pytest.raises(ValidationError, match="detok_min_replicas"):
         ServeArgs.from_options({"inline_detok_threshold": "256"}, {})
     assert ServeArgs.from_options({"inline_detok_threshold": "256", "detok_min_replicas": "1"}, {}).detok_min_replicas == 1
+
+
+@pytest.mark.parametrize("kind", ["ingress", "detok"])
+def test_replica_bounds_must_be_in_order(kind):
+    with pytest.raises(ValidationError, match=f"{kind}_min_replicas \\(3\\) must be at most {kind}_max_replicas \\(2\\)"):
+        ServeArgs.from_options({f"{kind}_min_replicas": "3", f"{kind}_max_replicas": "2"}, {})
+    assert getattr(ServeArgs.from_options({f"{kind}_min_replicas": "2", f"{kind}_max_replicas": "2"}, {}), f"{kind}_max_replicas") == 2

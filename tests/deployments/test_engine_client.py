@@ -69,7 +69,7 @@ class SlowEngine:
 
 def new_client(engine: SlowEngine) -> EngineClient:
     detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-    return EngineClient([engine], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+    return EngineClient([engine], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"))
 
 
 def submit(client: EngineClient):
@@ -113,7 +113,7 @@ def test_requests_go_to_the_engine_with_the_fewest_live_choices():
     async def run() -> None:
         engines = [SlowEngine(), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"))
         first = await submit(client)  # n=2 on engine 0
         assert [s.engine_index for s in first.streams] == [0, 0]
         second = await submit(client)
@@ -142,7 +142,7 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
     async def run() -> tuple[SlowEngine, threading.Thread]:
         engine = SlowEngine()
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        client = EngineClient([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics())
+        client = EngineClient([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics("tiny-random", "test-replica"))
         fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
         await client.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
         return engine, threading.current_thread()
@@ -182,7 +182,7 @@ def test_new_requests_skip_an_engine_whose_poll_fails_until_it_answers_again():
     async def run() -> None:
         engines = [SlowEngine(dead=True), SlowEngine()]
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         while 0 not in client.router.down:

@@ -9,11 +9,12 @@ import asyncio
 import json
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
 from deployments.engine_client import EngineClient
-from deployments.metrics import IngressMetrics
+from deployments.metrics import IngressMetrics, ReplicaState
 from deployments.openai.protocol import ChatCompletionRequest, StreamUsage
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import ChoiceToolCalls, tool_call_output
@@ -69,9 +70,17 @@ def response_format(parallel: bool = True, tool_choice: object = "auto") -> Resp
     return ResponseFormat.new("chatcmpl-x", "m", chat=True, tool_calls=tool_call_output(body, "hermes", 1024))
 
 
-async def run(per_poll: int, streaming: bool, parallel: bool = True, engine: ScriptedEngine | None = None, tool_choice: object = "auto"):
+async def run(
+    per_poll: int,
+    streaming: bool,
+    parallel: bool = True,
+    engine: ScriptedEngine | None = None,
+    tool_choice: object = "auto",
+    metrics: IngressMetrics | None = None,
+):
     detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=1 << 20, tokens_per_call=256)
-    client = EngineClient([engine or ScriptedEngine(per_poll)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+    metrics = metrics or IngressMetrics("tiny-random", "test-replica")
+    client = EngineClient([engine or ScriptedEngine(per_poll)], "sub", PromptEncoder(TOKENIZER), detok, metrics)
     fmt = response_format(parallel, tool_choice)
     submission = await client.submit(fmt, [TOKENIZER.encode("Weather?")], SamplingParams(max_tokens=None), echo=False)
     if not streaming:
@@ -149,7 +158,7 @@ def test_a_fault_nobody_foresaw_ends_the_stream_with_an_error_frame(monkeypatch)
 
     async def frames() -> str:
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=1 << 20, tokens_per_call=256)
-        client = EngineClient([ScriptedEngine(3)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics())
+        client = EngineClient([ScriptedEngine(3)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"))
         submission = await client.submit(response_format(), [TOKENIZER.encode("Weather?")], SamplingParams(max_tokens=None), echo=False)
         return "".join([f async for f in client.stream(submission, StreamUsage(final=False, continuous=False))])
 
@@ -157,3 +166,16 @@ def test_a_fault_nobody_foresaw_ends_the_stream_with_an_error_frame(monkeypatch)
     assert text.endswith(
         'data: {"error": {"message": "internal server error", "type": "server_error", "param": null, "code": "internal_server_error"}}\n\ndata: [DONE]\n\n'
     )
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_finished_request_is_counted_once_under_its_replica(streaming):
+    metrics = IngressMetrics("tiny-random", "replica-x")
+    asyncio.run(run(3, streaming=streaming, metrics=metrics))
+    text = metrics.render([], ReplicaState(live_choices=0, detok_inline_share=1.0)).decode()
+    samples = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples["spout:request_success_total"].labels == {"model_name": "tiny-random", "replica": "replica-x", "finished_reason": "stop"}
+    assert samples["spout:request_success_total"].value == 1
+    assert samples["spout:e2e_request_latency_seconds_count"].value == samples["spout:time_to_first_token_seconds_count"].value == 1
+    assert samples["spout:prompt_tokens_total"].value == len(TOKENIZER.encode("Weather?"))
+    assert samples["spout:generation_tokens_total"].value == len(TOKENIZER.encode(SCRIPT, add_special_tokens=False))

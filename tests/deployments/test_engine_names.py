@@ -20,7 +20,7 @@ def test_another_engine_option_queue_or_placement_gives_another_name():
 
 
 def test_an_option_of_the_ingress_alone_keeps_the_engines():
-    assert name(ingress_replicas="2", max_stop_strings="4") == name()
+    assert name(ingress_min_replicas="2", ingress_max_replicas="3", max_stop_strings="4") == name()
 
 
 def test_names_carry_the_app_and_the_model():

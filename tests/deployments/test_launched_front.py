@@ -19,10 +19,12 @@ import httpx
 import psutil
 import pytest
 
-from tests.deployments.launched import START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, Ports, listen_addresses, ray_and_haproxy_processes
+from tests.deployments.launched import OPTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, listen_addresses, ray_and_haproxy_processes, serving
 
 DASHBOARD = re.compile(r"View the dashboard at \S*?http://([\d.]+):(\d+)")
 CONNECT_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 80.0
+"""Beyond the default 30 s: the drained streams (below) must end within it even on a loaded machine."""
 RAY_CLIENT = "import ray; ray.init(address={address!r}, log_to_driver=False); print('connected', flush=True); ray.shutdown()"
 
 
@@ -34,13 +36,8 @@ def processes_before() -> set[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, processes_before):
-    launched = LaunchedServer(tmp_path_factory.mktemp("front") / "launch.log", Ports())
-    try:
-        launched.start()
-        launched.wait_serving()
+    with serving(tmp_path_factory.mktemp("front") / "launch.log", ["--drain-timeout-s", str(DRAIN_TIMEOUT_S), *OPTIONS]) as launched:
         yield launched
-    finally:
-        launched.stop_if_running()
 
 
 def driver_environ(server: LaunchedServer) -> dict[str, str]:

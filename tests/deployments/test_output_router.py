@@ -87,7 +87,7 @@ def route_to_mailbox(
         prompt = TOKENIZER.encode("Hello")
         stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params, answer), incarnation=incarnation)
         engine = ScriptedEngine(messages)
-        router = OutputRouter([engine], "sub", detok, IngressMetrics())
+        router = OutputRouter([engine], "sub", detok, IngressMetrics("tiny-random", "test-replica"))
         router.register(stream)  # before the router's first poll runs
         await asyncio.wait_for(engine.drained.wait(), 30)
         return mailbox, engine.aborts

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 SERVE_NAMESPACE = "serve"
 FULL_SIZE = os.environ.get("SPOUT_E2E_FULL") == "1"  # the reliability tests at the sizes the issue names, not CI's
@@ -36,14 +37,13 @@ def greedy_text(http: httpx.Client, model: str) -> str:
 
 
 def gauges(http: httpx.Client) -> dict[str, float]:
-    """The unlabelled and labelled samples of ``GET /metrics``, by their full name."""
+    """The samples of ``GET /metrics`` by sample name, summed over their labels (engines, replicas, ...)."""
     response = http.get("/metrics")
     assert response.status_code == 200, response.text
-    samples = {}
-    for line in response.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
     return samples
 
 

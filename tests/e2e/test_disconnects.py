@@ -63,7 +63,7 @@ async def open_and_leave(client: httpx.AsyncClient, model: str, leave: asyncio.E
 def live_work(server) -> dict[str, float]:
     stats = ray.get(server.engine().stats.remote(), timeout=60)
     with server.http() as http:
-        live_choices = gauges(http)["spout_live_choices"]
+        live_choices = gauges(http)["spout:live_choices"]
     return {"running": stats["running"], "waiting": stats["waiting"], "live_choices": live_choices}
 
 

@@ -67,7 +67,7 @@ def test_metrics_parse_with_one_family_per_name(server):
     with server.http() as http:
         text = http.get("/metrics").text
     names = [family.name for family in text_string_to_metric_families(text)]
-    assert len(names) == len(set(names)) and "spout_running_requests" in names
+    assert len(names) == len(set(names)) and "spout:num_requests_running" in names
 
 
 def test_chat_text_cannot_forge_a_system_turn(server):

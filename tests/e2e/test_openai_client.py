@@ -8,6 +8,7 @@ import json
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sdk_types import VLLM_CHOICE_FIELDS, CompletionChunk, strict
 
@@ -120,12 +121,19 @@ def test_echo_and_list_prompts(server):
 def test_models_health_metrics(server):
     client = server.openai()
     assert [m.id for m in client.models.list().data] == [server.model]
+    client.completions.create(model=server.model, prompt=PROMPT, max_tokens=2, temperature=0.0)
     with server.http() as http:
         assert http.get("/health").status_code == 200
-        metrics = http.get("/metrics").text
-    names = ("spout_requests_total", "spout_time_to_first_token_seconds_bucket", "spout_running_requests", "spout_detok_inline_share")
-    for name in (*names, "spout_engine_prefix_cache_hit_rate", "spout_engine_preemptions_total", "spout_engine_step_seconds_total"):
-        assert name in metrics
+        families = {family.name: family for family in text_string_to_metric_families(http.get("/metrics").text)}
+    # vLLM's names with Spout's prefix (docs/metrics.md), each sample labelled with the served model
+    aligned = ("num_requests_running", "num_requests_waiting", "time_to_first_token_seconds", "inter_token_latency_seconds", "prompt_tokens")
+    aligned += ("generation_tokens", "request_success", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
+    assert {f"spout:{name}" for name in aligned} <= families.keys()
+    assert sum(s.value for s in families["spout:request_success"].samples if s.name.endswith("_total")) >= 1  # the request above
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.labels.get("model_name") == server.model, sample
+            assert ("engine" in sample.labels) != ("replica" in sample.labels), sample  # an engine's series, or a replica's
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from tests.e2e.probes import gauges
 
 PASSAGE = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
 PROMPT = f"Repeat this sentence exactly, three times.\n{PASSAGE}\n{PASSAGE}\n"
@@ -10,8 +10,7 @@ PROMPT = f"Repeat this sentence exactly, three times.\n{PASSAGE}\n{PASSAGE}\n"
 
 def engine_counter(server, kind: str) -> float:
     with server.http() as http:
-        text = http.get("/metrics").text
-    return sum(float(value) for value in re.findall(rf'^spout_engine_{kind}_tokens_total{{engine="\d+"}} (\S+)$', text, re.MULTILINE))
+        return gauges(http)[f"spout:spec_decode_num_{kind}_tokens_total"]  # summed over the engines
 
 
 def test_speculation_gives_the_greedy_text_and_reports_its_drafts(server):
