@@ -131,6 +131,12 @@ class ServeArgs(RequestLimits):
         description=f"How a reasoning model's thinking is split from its answer (chat's reasoning_content, the Responses API's reasoning items, "
         f"the Messages API's thinking blocks); one of {sorted(REASONING_PARSERS)}; unset: no split.",
     )
+    max_thinking_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="With a reasoning_parser, max_tokens counts the answer only: a request's thinking may take this many tokens "
+        "more (the engine stops the output at max_tokens plus this); null: only the context's room bounds the thinking.",
+    )
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], environ: Mapping[str, str]) -> ServeArgs:

@@ -23,7 +23,7 @@ from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from deployments.tick_batcher import TickBatcher
 from deployments.tracing import RequestTrace, current_trace
-from detok import initial_state
+from detok import AnswerRules, initial_state
 from engine.beam.choices import beam_choice_id
 from sampling.params import SamplingParams
 
@@ -108,18 +108,26 @@ class EngineClient:
         return min(up, key=live.__getitem__)
 
     async def submit(
-        self, format: ResponseFormat, prompts: list[list[int]], params: SamplingParams, echo: bool, client: str = "", client_id: str | None = None
+        self,
+        format: ResponseFormat,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        echo: bool,
+        client: str = "",
+        client_id: str | None = None,
+        answer: AnswerRules | None = None,
     ) -> Submission:
         """Add ``n`` choices per prompt to one engine (with beam search, one search of ``n`` beams per
         prompt); choice index = prompt index * n + i. ``client``: who sent it (their share of grammar compiles);
-        ``client_id``: the name it gave itself, if any (its share of the queue under the priority policy)."""
+        ``client_id``: the name it gave itself, if any (its share of the queue under the priority policy);
+        ``answer``: with a reasoning parser, the answer's rules the detokenizer applies (`detok.answer`)."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
         engine_index = self._pick_engine()
         mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
         streams, requests, echo_texts = [], [], []
         request_of_stream: list[int] = []
         for prompt_index, prompt in enumerate(prompts):
-            state = initial_state(self.tokenizer.tokenizer, prompt, params)
+            state = initial_state(self.tokenizer.tokenizer, prompt, params, answer)
             prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=params.skip_special_tokens) if echo else ""
             search_id = f"{format.request_id}-{prompt_index}" if params.use_beam_search else None
             if search_id is not None:

@@ -40,7 +40,7 @@ from deployments.openai.errors import APIError, internal_error
 from deployments.openai.event_stream import EventStream
 from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.openai.reasoning import constrained_after_thinking
+from deployments.openai.reasoning import answer_budget, constrained_after_thinking
 from deployments.openai.request_body import read_body, validate_body
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
@@ -49,6 +49,7 @@ from deployments.peers import behind_haproxy, client_address, client_id, local_a
 from deployments.prompt_encoder import PromptEncoder
 from deployments.token_routes import TokenRoutes
 from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
+from detok import AnswerRules
 from engine.loader.model_files import load_tokenizer
 from engine.prompt_length import PromptTooLong
 from engine.tokenizer import ChatTemplateError
@@ -198,13 +199,15 @@ class Ingress(AgentAPIs, TokenRoutes):
         echo: bool,
         reservation: Reservation,
         answer: Answer | None = None,
+        answer_rules: AnswerRules | None = None,
     ) -> Response:
         """Submit the choices, then answer with their stream or their whole response (the router
         counts the choices from then on, so their reservation ends); ``answer``: another API's writer
-        of the submission (None: a completion's or a chat's)."""
+        of the submission (None: a completion's or a chat's); ``answer_rules``: with a reasoning parser,
+        where the answer that stop strings and max_tokens apply to begins."""
         check_prompt_logprobs(self.args, prompts, params, "prompt_logprobs" if body.asked_prompt_logprobs is not None else "echo")
         address = client_address(request, self.trust_local_proxy, self.local_addresses)
-        submission = await client.submit(fmt, prompts, params, echo, address, client_id(request))
+        submission = await client.submit(fmt, prompts, params, echo, address, client_id(request), answer_rules)
         reservation.release()
         if answer is not None:
             return await answer(client, submission, fmt.tool_calls)
@@ -260,8 +263,10 @@ class Ingress(AgentAPIs, TokenRoutes):
             except PromptTooLong as error:
                 raise self._too_long(error, "messages") from error
             self._check_prompt(prompt, "messages")
+            answer_rules = None
             if self.args.reasoning_parser is not None:
                 params = constrained_after_thinking(params, self.tokenizer.decode(prompt[-PROMPT_TAIL_IDS:], skip_special_tokens=False))
+                params, answer_rules = answer_budget(params, self.args.reasoning(), self.args.max_thinking_tokens)  # type: ignore[arg-type]
             calls = tool_call_output(body, self.args.tool_call_parser, self.args.max_tool_call_bytes)
             fmt = ResponseFormat.new(
                 f"chatcmpl-{uuid.uuid4().hex}",
@@ -271,7 +276,7 @@ class Ingress(AgentAPIs, TokenRoutes):
                 prompt_logprobs=body.asked_prompt_logprobs,
                 reasoning=self.args.reasoning(),
             )
-            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation, answer)
+            return await self._submit(request, client, fmt, [prompt], body, params, False, reservation, answer, answer_rules)
 
     async def models(self, request: Request) -> Response:
         await self._ready()

@@ -175,9 +175,10 @@ class OutputRouter:
             stream.finished = True
             keep = result.stop.keep_tokens
             token_ids = output.new_token_ids[:keep]
-            stream.mailbox.push(stream.index, result.text, token_ids, "stop", result.stop.stop, None if logprobs is None else logprobs[:keep], prompt)
+            reason = "stop" if result.stop.stop is not None else "length"  # None: the answer's max_tokens (`detok.answer`)
+            stream.mailbox.push(stream.index, result.text, token_ids, reason, result.stop.stop, None if logprobs is None else logprobs[:keep], prompt)
             if output.finish_reason is None:
-                self.metrics.aborts.inc("stop_string")
+                self.metrics.aborts.inc("stop_string" if result.stop.stop is not None else "answer_length")
                 self.abort(stream.engine_index, stream.engine_request_id)
             return
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None

@@ -6,14 +6,17 @@ Imports only ``tokenizers``, ``sampling.params`` and itself.
 from detok.api import DetokItem, DetokResult, StopHit
 from detok.batch import detokenize_batch
 from detok.state import DetokParams, DetokState, initial_state
+from detok.thinking import AnswerRules, ThinkingTags
 from detok.token_strings import TokenString
 
 __all__ = [
+    "AnswerRules",
     "DetokItem",
     "DetokParams",
     "DetokResult",
     "DetokState",
     "StopHit",
+    "ThinkingTags",
     "TokenString",
     "detokenize_batch",
     "initial_state",

@@ -20,9 +20,10 @@ class DetokItem(NamedTuple):
 
 
 class StopHit(NamedTuple):
-    """A stop string ended the request; keep the first ``keep_tokens`` of this call's new ids."""
+    """A stop string ended the request (``stop``), or the answer's ``max_tokens`` did (``stop`` is
+    ``None``: `detok.answer`); keep the first ``keep_tokens`` of this call's new ids."""
 
-    stop: str
+    stop: str | None
     keep_tokens: int
 
 

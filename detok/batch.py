@@ -22,10 +22,12 @@ does: it is ``decode(prompt tail + output)`` less the prompt tail's text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 from tokenizers import Tokenizer
 
+from detok.answer import needs_steps, stepped_result
 from detok.api import DetokItem, DetokResult, StopHit
 from detok.decodes import Decodes
 from detok.fast import fast_pieces_result, fast_result
@@ -49,7 +51,18 @@ class _Queued(NamedTuple):
 
 
 def detokenize_batch(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[DetokResult]:
-    """Advance every item; results are in item order. One item's bad input fails only that item."""
+    """Advance every item; results are in item order. One item's bad input fails only that item.
+    Items whose answer has not begun or reaches its limit (`detok.answer`) are advanced id by id."""
+    if all(item.state.answer is None for item in items):
+        return _detokenize(tokenizer, items)
+    stepped = {n for n, item in enumerate(items) if needs_steps(item)}
+    ordinary = iter(_detokenize(tokenizer, [item for n, item in enumerate(items) if n not in stepped]))
+    detokenize = partial(_detokenize, tokenizer)
+    return [stepped_result(detokenize, item) if n in stepped else next(ordinary) for n, item in enumerate(items)]
+
+
+def _detokenize(tokenizer: Tokenizer, items: Sequence[DetokItem]) -> list[DetokResult]:
+    """The ordinary path: every item advanced by its ids at once."""
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     table = vocab_bytes(tokenizer)
     pieces = None if table is not None else pieces_of(tokenizer)
@@ -190,5 +203,5 @@ def _finalize(decoded: _Decoded, match: StopMatch | None, keep: int) -> DetokRes
         text, tail = stop_output(decoded.buffer, len(state.stop_tail), match, state.params.include_stop_str_in_output), ""
         hit = StopHit(match.stop, keep)
     done = finished or hit is not None
-    new_state = DetokState(step.window, step.ctx_len, step.ctx_chars, step.pending_sent, tail, state.num_output_tokens + keep, done, state.params)
+    new_state = DetokState(step.window, step.ctx_len, step.ctx_chars, step.pending_sent, tail, state.num_output_tokens + keep, done, state.params, state.answer)
     return DetokResult(text, new_state, hit, None, decoded.token_strings)

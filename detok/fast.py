@@ -30,7 +30,7 @@ INCOMPLETE = "unexpected end of data"
 
 def fast_result(state: DetokState, new_ids: Sequence[int], finished: bool, table: VocabBytes, vocab_size: int) -> DetokResult | None:
     """The result for one byte-level item in the common case, else ``None``."""
-    window, ctx_len, ctx_chars, pending_sent, old_tail, num, done, params = state
+    window, ctx_len, ctx_chars, pending_sent, old_tail, num, done, params, answer = state
     if done or ctx_chars is None or not new_ids or not _in_vocab(new_ids, vocab_size):
         return None
     pending = window[ctx_len:] + tuple(new_ids) if len(window) > ctx_len else tuple(new_ids)
@@ -50,18 +50,18 @@ def fast_result(state: DetokState, new_ids: Sequence[int], finished: bool, table
     text, tail = sent
     num += len(new_ids)
     if not complete:
-        next_state = DetokState(window + tuple(new_ids), ctx_len, ctx_chars, len(decoded), tail, num, False, params)
+        next_state = DetokState(window + tuple(new_ids), ctx_len, ctx_chars, len(decoded), tail, num, False, params, answer)
     elif len(pending) <= CONTEXT_TOKENS:
-        next_state = DetokState(pending, len(pending), len(decoded), 0, tail, num, finished, params)
+        next_state = DetokState(pending, len(pending), len(decoded), 0, tail, num, finished, params, answer)
     else:
         context = pending[-CONTEXT_TOKENS:]
-        next_state = DetokState(context, len(context), None, 0, tail, num, finished, params)
+        next_state = DetokState(context, len(context), None, 0, tail, num, finished, params, answer)
     return DetokResult(text, next_state)
 
 
 def fast_pieces_result(state: DetokState, new_ids: Sequence[int], finished: bool, pieces: Pieces, vocab_size: int) -> DetokResult | None:
     """The result for one SentencePiece-style item in the common case, else ``None``."""
-    window, ctx_len, ctx_chars, _, old_tail, num, done, params = state
+    window, ctx_len, ctx_chars, _, old_tail, num, done, params, answer = state
     table = pieces.skipped_piece_of_id if params.skip_special_tokens else pieces.piece_of_id
     if done or table is None or window != pieces.anchor or not new_ids or not _in_vocab(new_ids, vocab_size):
         return None
@@ -74,7 +74,7 @@ def fast_pieces_result(state: DetokState, new_ids: Sequence[int], finished: bool
     sent = _without_stop(text, old_tail, num + len(new_ids), params, finished)
     if sent is None:
         return None
-    return DetokResult(sent[0], DetokState(window, ctx_len, ctx_chars, 0, sent[1], num + len(new_ids), finished, params))
+    return DetokResult(sent[0], DetokState(window, ctx_len, ctx_chars, 0, sent[1], num + len(new_ids), finished, params, answer))
 
 
 def _in_vocab(ids: Sequence[int], vocab_size: int) -> bool:

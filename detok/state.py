@@ -14,6 +14,7 @@ from typing import NamedTuple
 from tokenizers import Tokenizer
 
 from detok.pieces import REPLACEMENT, pieces_of
+from detok.thinking import AnswerProgress, AnswerRules, initial_progress
 from sampling.params import SamplingParams
 
 CONTEXT_TOKENS = 4
@@ -29,6 +30,8 @@ class DetokParams(NamedTuple):
     """Chars of text kept for matching stop strings across calls: ``max(len(s) for s in stop) - 1``, or 0."""
     min_tokens: int
     include_stop_str_in_output: bool
+    answer: AnswerRules | None = None
+    """With a reasoning parser: where the answer begins and its token limit (`detok.answer`)."""
 
 
 class DetokState(NamedTuple):
@@ -50,10 +53,13 @@ class DetokState(NamedTuple):
     num_output_tokens: int
     done: bool
     params: DetokParams
+    answer: AnswerProgress | None = None
+    """With ``params.answer``: where the output stands, thinking or answer."""
 
 
-def initial_state(tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams) -> DetokState:
-    """State for a request whose prompt is ``prompt_token_ids``, before any output.
+def initial_state(tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams, answer: AnswerRules | None = None) -> DetokState:
+    """State for a request whose prompt is ``prompt_token_ids``, before any output; with ``answer``, stop
+    strings and ``answer.max_tokens`` apply to the answer after a thinking (`detok.answer`).
 
     Byte-level BPE: the last prompt ids become decoding context, never output. If their
     text ends in U+FFFD (the prompt ends inside a character or on invalid bytes) the context
@@ -73,10 +79,11 @@ def initial_state(tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params:
         if text.endswith(REPLACEMENT):
             context, text = (), ""
         ctx_chars = len(text)
-    return DetokState(context, len(context), ctx_chars, 0, "", 0, False, _fixed_params(params))
+    progress = None if answer is None else initial_progress(answer.tags)
+    return DetokState(context, len(context), ctx_chars, 0, "", 0, False, _fixed_params(params, answer), progress)
 
 
-def _fixed_params(params: SamplingParams) -> DetokParams:
+def _fixed_params(params: SamplingParams, answer: AnswerRules | None) -> DetokParams:
     stop = tuple(params.stop)
     return DetokParams(
         skip_special_tokens=params.skip_special_tokens,
@@ -84,4 +91,5 @@ def _fixed_params(params: SamplingParams) -> DetokParams:
         stop_tail_len=max(map(len, stop), default=1) - 1,
         min_tokens=params.min_tokens,
         include_stop_str_in_output=params.include_stop_str_in_output,
+        answer=answer,
     )

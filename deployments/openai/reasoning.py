@@ -10,7 +10,8 @@ The ``<think>…</think>`` family (vLLM's parsers of these names):
   all answer.
 
 The tags never reach either side. A request's output constraint applies to the answer: the grammar
-lets the thinking run free up to ``</think>`` (`constrained_after_thinking`). The split is made on the text the detokenizer gives, holding back
+lets the thinking run free up to ``</think>`` (`constrained_after_thinking`); so do its stop strings and
+``max_tokens``, which the detokenizer applies with the same rules (`ReasoningParser.tags`, `answer_budget`). The split is made on the text the detokenizer gives, holding back
 only what could still be the start of a tag, so whatever the split of the text into deltas, the
 reasoning and the answer are the same (`tests/deployments/openai/test_reasoning.py`).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from detok import AnswerRules, ThinkingTags
 from sampling.params import SamplingParams
 from sampling.structured_outputs import StructuredOutputs
 
@@ -29,6 +31,11 @@ THINK_START, THINK_END = "<think>", "</think>"
 class ReasoningParser:
     name: str
     starts_in_reasoning: bool
+
+    @property
+    def tags(self) -> ThinkingTags:
+        """The same rules, for the detokenizer, which applies stop strings and ``max_tokens`` to the answer."""
+        return ThinkingTags(THINK_START, THINK_END, self.starts_in_reasoning)
 
 
 REASONING_PARSERS = {"deepseek_r1": ReasoningParser("deepseek_r1", True), "qwen3": ReasoningParser("qwen3", False)}
@@ -87,3 +94,15 @@ def constrained_after_thinking(params: SamplingParams, prompt_tail: str) -> Samp
         return params
     after = StructuredOutputs(**constraint.model_dump(by_alias=True, exclude_defaults=True), reasoning_end=THINK_END)  # anew: its key is cached
     return params.model_copy(update={"structured_outputs": after})
+
+
+def answer_budget(params: SamplingParams, parser: ReasoningParser, max_thinking_tokens: int | None) -> tuple[SamplingParams, AnswerRules]:
+    """``max_tokens`` counts the answer: the detokenizer ends the output ``max_tokens`` ids after the thinking
+    (`detok.answer`, aborting it in the engine as a stop string does), and the engine's own limit becomes
+    ``max_tokens + max_thinking_tokens`` (``None``: the context's room alone bounds the thinking). A beam
+    search's ``max_tokens`` still counts the whole output (its beams are scored whole)."""
+    limit = params.max_tokens
+    if not limit or params.use_beam_search:  # None: until the context is full; 0: the prompt only scored; a beam search's length counts all
+        return params, AnswerRules(parser.tags, None)
+    engine_limit = None if max_thinking_tokens is None else limit + max_thinking_tokens
+    return params.model_copy(update={"max_tokens": engine_limit}), AnswerRules(parser.tags, limit)

@@ -162,7 +162,7 @@ class ResponseFormat:
             choice["message"] = {"role": "assistant", "content": text}
         if self.chat and self.reasoning is not None:
             choice["message"] |= {"reasoning_content": reasoning or None, "reasoning": reasoning or None}  # type: ignore[operator]
-        else:
+        if not self.chat:
             choice["text"] = text
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
 

@@ -42,9 +42,11 @@ class FakeEngineClient:
         self.submitted: list[object] = []  # the sampling parameters of each request
         self.clients: list[str] = []  # the client each request was keyed by
         self.client_ids: list[str | None] = []  # the name each request's client gave itself (X-Client-Id)
+        self.answers: list[object] = []  # each request's answer rules (with a reasoning parser)
 
-    async def submit(self, fmt, prompts, params, echo, client, client_id=None) -> list[str]:
+    async def submit(self, fmt, prompts, params, echo, client, client_id=None, answer=None) -> list[str]:
         self.submitted.append(params)
+        self.answers.append(answer)
         self.clients.append(client)
         self.client_ids.append(client_id)
         for _ in range(3):

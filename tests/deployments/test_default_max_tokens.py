@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from deployments.config import ServeArgs
 from deployments.openai.protocol import ChatCompletionRequest
+from deployments.openai.reasoning import REASONING_PARSERS
+from detok import AnswerRules
 from tests.deployments.in_process import WAIT_S, FakeEngineClient, chat, completion, ingress
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -56,3 +58,22 @@ def test_the_ingress_sends_the_engine_the_operators_default(option, chat_expecte
         return [params.max_tokens for params in client.submitted]
 
     assert asyncio.run(run()) == [chat_expected, 16]
+
+
+@pytest.mark.timeout(2 * WAIT_S)
+@pytest.mark.parametrize(("thinking", "engine_expected"), [(100, 105), (None, None)])
+def test_with_a_reasoning_parser_max_tokens_counts_the_answer(thinking, engine_expected):
+    """The engine's limit is the answer's plus max_thinking_tokens (None: the context), and the
+    detokenizer gets the answer's own (`detok.answer`); a completion has no thinking."""
+
+    async def run() -> tuple[list[int | None], list[object]]:
+        client = FakeEngineClient()
+        client.finish.set()
+        replica = ingress(client, reasoning_parser="qwen3", max_thinking_tokens=thinking)
+        answered = [await asyncio.wait_for(replica(request), WAIT_S) for request in (chat(n=1, max_tokens=5), completion(n=1, max_tokens=5))]
+        assert [response.status_code for response in answered] == [200, 200]
+        return [params.max_tokens for params in client.submitted], client.answers
+
+    limits, answers = asyncio.run(run())
+    assert limits == [engine_expected, 5]
+    assert answers == [AnswerRules(REASONING_PARSERS["qwen3"].tags, 5), None]

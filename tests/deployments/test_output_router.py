@@ -11,7 +11,7 @@ from deployments.engine_actor import Polled
 from deployments.metrics import IngressMetrics
 from deployments.output_router import OutputRouter, expand_beams, merge_outputs
 from deployments.streams import ChoiceStream, Mailbox
-from detok import initial_state
+from detok import AnswerRules, ThinkingTags, initial_state
 from engine.config import DEFAULT_MODEL
 from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError
@@ -69,21 +69,23 @@ class ScriptedEngine:
         return message if isinstance(message, Polled) else Polled(1, message)
 
 
-def route(messages: list[list[EngineOutput]], params: SamplingParams) -> tuple[str, str | None, list[str]]:
+def route(messages: list[list[EngineOutput]], params: SamplingParams, answer: AnswerRules | None = None) -> tuple[str, str | None, list[str]]:
     """Feed engine messages through an OutputRouter; the text, finish reason and aborts."""
-    mailbox, aborts = route_to_mailbox(messages, params)
+    mailbox, aborts = route_to_mailbox(messages, params, answer=answer)
     deltas = mailbox.pending[0]
     return deltas.text, deltas.finish_reason, aborts
 
 
-def route_to_mailbox(messages: list[list[EngineOutput] | Polled], params: SamplingParams, incarnation: int | None = None) -> tuple[Mailbox, list[str]]:
+def route_to_mailbox(
+    messages: list[list[EngineOutput] | Polled], params: SamplingParams, incarnation: int | None = None, answer: AnswerRules | None = None
+) -> tuple[Mailbox, list[str]]:
     """Feed engine messages through an OutputRouter to one choice's mailbox; that mailbox and the aborts."""
 
     async def run() -> tuple[Mailbox, list[str]]:
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
         mailbox = Mailbox()
         prompt = TOKENIZER.encode("Hello")
-        stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params), incarnation=incarnation)
+        stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params, answer), incarnation=incarnation)
         engine = ScriptedEngine(messages)
         router = OutputRouter([engine], "sub", detok, IngressMetrics("tiny-random", "test-replica"))
         router.register(stream)  # before the router's first poll runs
@@ -107,6 +109,14 @@ def test_a_stop_string_finishes_the_choice_and_aborts_it_once():
     params = SamplingParams(max_tokens=100, stop=["uu"])
     text, finish, aborts = route([[EngineOutput("r", IDS[:3], 1)], [EngineOutput("r", IDS[3:], 1)]], params)
     assert (text, finish, aborts) == (' randomized_"', "stop", ["r"])
+
+
+def test_a_reasoning_answer_at_its_max_tokens_finishes_with_length_and_aborts_once():
+    """With a reasoning parser's rules the engine's limit is above max_tokens: the detokenizer ends the
+    answer (an output that opens no thinking is all answer) and the router aborts it, as for a stop string."""
+    answer = AnswerRules(ThinkingTags("<think>", "</think>", False), 2)
+    text, finish, aborts = route([[EngineOutput("r", IDS[:1], 1)], [EngineOutput("r", IDS[1:4], 1)]], SamplingParams(max_tokens=None), answer)
+    assert (text, finish, aborts) == (TOKENIZER.tokenizer.decode(IDS[:2]), "length", ["r"])
 
 
 @pytest.mark.parametrize(("client_fault", "status"), [(True, 400), (False, 500)])

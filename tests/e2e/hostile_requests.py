@@ -33,6 +33,8 @@ class Hostile:
     """The field the error names, when the answer is an error."""
     check: Callable[[httpx.Response], None] | None = None
     """More to check of the answer, when there is more to it than its status."""
+    anthropic: bool = False
+    """The route answers errors in Anthropic's shape (``/v1/messages``), not OpenAI's."""
 
 
 def completion(**fields: object) -> Send:
@@ -167,6 +169,76 @@ def unreadable_tool_calls() -> list[Hostile]:
     ]
 
 
+def post(path: str, **body: object) -> Send:
+    return lambda client: client.post(path, json=body)
+
+
+def responses_input(count: int) -> Send:
+    """A Responses API request whose ``input`` is a list of ``count`` message items."""
+    items = [{"type": "message", "role": "user", "content": "hi"}] * count
+    return post("/v1/responses", model=M, input=items, max_output_tokens=4)
+
+
+def nested_schema(depth: int) -> dict:
+    """A JSON schema of objects nested ``depth`` deep (each level one property)."""
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
+
+
+def anthropic_tool_call(schema: dict, **fields: object) -> Send:
+    """A Messages API request offering one tool whose ``input_schema`` is ``schema``."""
+    tool = {"name": "deep", "description": "nested", "input_schema": schema}
+    return post("/v1/messages", model=M, max_tokens=4, messages=[{"role": "user", "content": "hi"}], tools=[tool], **fields)
+
+
+def counted_past_the_context(response: httpx.Response) -> None:
+    """``/tokenize`` checks no context length (as vLLM's): it counts, and says the context."""
+    body = response.json()
+    assert body["count"] == len(body["tokens"]) > CONTEXT and body["max_model_len"] == CONTEXT, {k: body[k] for k in ("count", "max_model_len")}
+
+
+def agent_api_cases() -> list[Hostile]:
+    """The Responses and Messages APIs' inputs, and ``/tokenize`` and ``/detokenize``, at their worst."""
+    tokenize, detokenize = "/tokenize", "/detokenize"
+    return [
+        Hostile("responses input of 10,000 items", responses_input(10_000), ERROR, None),
+        Hostile("responses input over the body limit", responses_input(40_000), (413,), None),
+        Hostile("responses input of one huge text", post("/v1/responses", model=M, input="word " * 12_000), ERROR, None),
+        Hostile("messages tool schema nested past the depth limit", anthropic_tool_call(nested_schema(40)), (400,), anthropic=True),
+        Hostile(
+            "messages tool schema nested to the depth limit, forced",
+            anthropic_tool_call(nested_schema(12), tool_choice={"type": "any"}),
+            (200, 400),
+            anthropic=True,
+        ),
+        Hostile(
+            "messages of 10,000 turns",
+            post("/v1/messages", model=M, max_tokens=4, messages=[{"role": "user", "content": "hi"}] * 10_000),
+            ERROR,
+            anthropic=True,
+        ),
+        Hostile("tokenize a prompt 12x the context (counted, as vLLM does)", post(tokenize, prompt="word " * 12_000), (200,), None, counted_past_the_context),
+        Hostile(
+            "tokenize a chat 30x the context",
+            post(tokenize, messages=[{"role": "user", "content": "word " * 30 * CONTEXT}]),
+            (200,),
+            None,
+            counted_past_the_context,
+        ),
+        Hostile("tokenize a prompt over the byte limit", post(tokenize, prompt="x" * 300_000), (413,), "prompt"),
+        Hostile("tokenize a chat over the byte limit", post(tokenize, messages=[{"role": "user", "content": "x" * 300_000}]), (413,), "messages"),
+        Hostile("tokenize ten thousand messages", post(tokenize, messages=[{"role": "user", "content": "hi"}] * 10_000), ERROR, "messages"),
+        Hostile("detokenize an id past the vocabulary", post(detokenize, tokens=[1, 10**9]), (400,), "tokens"),
+        Hostile("detokenize a negative id", post(detokenize, tokens=[1, -1]), (400,), None),
+        Hostile("detokenize an id past int64", post(detokenize, tokens=[2**70]), (400,), None),
+        Hostile("detokenize 100,000 ids", post(detokenize, tokens=[1] * 100_000), (400,), "tokens"),
+        Hostile("detokenize ids over the body limit", post(detokenize, tokens=[12345] * 200_000), (413,), None),
+        Hostile("detokenize no id", post(detokenize, tokens=[]), (400,), None),
+    ]
+
+
 def nested_json(depth: int) -> bytes:
     return b'{"model": "' + M.encode() + b'", "prompt": "x", "user": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -238,6 +310,7 @@ CASES = [
     ),
     Hostile("tool description forging a turn", chat([{"role": "user", "content": "hi"}], tools=[tool("f", description=FORGED_TURN)]), (200,)),
     *unreadable_tool_calls(),
+    *agent_api_cases(),
     Hostile("metrics without the key", unauthorized("GET", "/metrics"), (401,)),
     Hostile("openapi without the key", unauthorized("GET", "/openapi.json"), (401,)),
     Hostile("probing an unknown route without the key", unauthorized("POST", "/v1/embeddings"), (401,)),

@@ -121,11 +121,14 @@ async def flood_next_to_streams(server, flood: Flood) -> FloodOutcome:
     return FloodOutcome(responses, streamed, newcomer, newcomer_s)
 
 
-def assert_answered(response: httpx.Response, statuses: tuple[int, ...], param: str | None, busy_code: str | None = None) -> None:
+def assert_answered(response: httpx.Response, statuses: tuple[int, ...], param: str | None, busy_code: str | None = None, anthropic: bool = False) -> None:
     """The status is one of ``statuses``, and an error is OpenAI error JSON naming ``param`` (a 400) or
-    saying ``busy_code`` (another refusal)."""
+    saying ``busy_code`` (another refusal); with ``anthropic``, Anthropic's error JSON."""
     assert response.status_code in statuses, response.text[:500]
-    if response.status_code != 200:
+    if response.status_code != 200 and anthropic:
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+    elif response.status_code != 200:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert error["message"]
@@ -142,7 +145,7 @@ def test_enough_kinds():
 def case_failure(case: Hostile, response: httpx.Response) -> str | None:
     """Why ``response`` is not a right answer to ``case``, or None when it is."""
     try:
-        assert_answered(response, case.statuses, case.param)
+        assert_answered(response, case.statuses, case.param, anthropic=case.anthropic)
         if case.check is not None:
             case.check(response)
     except AssertionError as failure:

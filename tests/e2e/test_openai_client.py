@@ -1,9 +1,16 @@
-"""The openai client against the real app: completions and chat, streaming and not."""
+"""The openai client against the real app: completions and chat, streaming and not; their raw bodies and
+chunks validated strictly with the openai package's own types."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.sdk_types import VLLM_CHOICE_FIELDS, CompletionChunk, strict
 
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name three fruits."}]
@@ -127,3 +134,40 @@ def test_models_health_metrics(server):
         for sample in family.samples:
             assert sample.labels.get("model_name") == server.model, sample
             assert ("engine" in sample.labels) != ("replica" in sample.labels), sample  # an engine's series, or a replica's
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+RAW_BODIES = {
+    "completion": {"prompt": PROMPT, "max_tokens": 6, "n": 2, "logprobs": 2, "temperature": 1.0, "seed": 3},
+    "completion with echo": {"prompt": PROMPT, "max_tokens": 4, "echo": True, "temperature": 0.0},
+    "chat": {"messages": MESSAGES, "max_tokens": 6, "n": 2, "logprobs": True, "top_logprobs": 2, "temperature": 1.0, "seed": 3},
+    "chat with a forced tool call": {"messages": MESSAGES, "max_tokens": 24, "tools": [TOOL], "tool_choice": "required", "temperature": 0.0},
+}
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def raw_frames(server, path: str, body: dict) -> list[dict]:
+    """Every ``data:`` frame of a streamed answer, parsed, up to ``[DONE]`` (which must end it)."""
+    with server.http() as http, http.stream("POST", path, json=body | {"stream": True, "stream_options": STREAM_OPTIONS}) as response:
+        assert response.status_code == 200, response.read()
+        data = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(frame) for frame in data[:-1]]
+
+
+@pytest.mark.parametrize("name", list(RAW_BODIES))
+def test_raw_bodies_and_chunks_parse_strictly_as_the_sdk_types(server, name):
+    """Each whole body and streamed chunk, as sent, validates as the ``openai`` package's own type with
+    no field missing and none it does not declare (vLLM's ``stop_reason`` on a choice aside)."""
+    chat = name.startswith("chat")
+    path, whole_type, chunk_type = ("/v1/chat/completions", ChatCompletion, ChatCompletionChunk) if chat else ("/v1/completions", Completion, CompletionChunk)
+    body = RAW_BODIES[name] | {"model": server.model}
+    with server.http() as http:
+        response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    whole = strict(whole_type, response.json(), VLLM_CHOICE_FIELDS)
+    chunks = [strict(chunk_type, frame, VLLM_CHOICE_FIELDS) for frame in raw_frames(server, path, body)]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    if name == "chat with a forced tool call":
+        assert whole.choices[0].message.tool_calls[0].function.name == "get_weather"
+        assert any(choice.delta.tool_calls for chunk in chunks for choice in chunk.choices)

@@ -17,10 +17,10 @@ from deployments.anthropic.messages_writer import MessageBuilder, message_body, 
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
-from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter, constrained_after_thinking
+from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter, answer_budget, constrained_after_thinking
 from deployments.openai.responses import ResponseFormat
 from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
-from detok import initial_state
+from detok import AnswerRules, StopHit, ThinkingTags, initial_state
 from sampling.params import SamplingParams
 from tests.deployments.openai.test_responses_writer import events_of, request
 from tests.detok.streaming import split as split_ids
@@ -162,3 +162,95 @@ def test_a_constraint_applies_after_the_thinking_unless_the_prompt_closed_it():
     assert thinking.structured_outputs.key != params.structured_outputs.key  # compiled apart
     assert constrained_after_thinking(params, "assistant\n<think>\n\n</think>\n\n") is params  # thinking off (Qwen3)
     assert constrained_after_thinking(SamplingParams(), "<think>\n").structured_outputs is None
+
+
+def answer_stream(parser: str, text: str, sizes: list[int], stop: list[str], max_tokens: int | None, include_stop: bool = False):
+    """The detokenizer's deltas for ``text``'s ids cut into engine messages of ``sizes``, with the answer's
+    rules: the text sent, the ids kept, and the hit that ended it (None: the output ran to its end)."""
+    ids = THINK_TOKENIZER.encode(text, add_special_tokens=False).ids
+    params = SamplingParams(stop=stop, include_stop_str_in_output=include_stop)
+    rules = answer_budget(SamplingParams(max_tokens=max_tokens), REASONING_PARSERS[parser], None)[1]
+    state = initial_state(THINK_TOKENIZER, THINK_TOKENIZER.encode("Question:").ids, params, rules)
+    out = stream(THINK_TOKENIZER, state, split_ids(ids, sizes))
+    hit = out.final.stop
+    chunks = split_ids(ids, sizes)[: len(out.results)]
+    kept = sum(map(len, chunks)) - (len(chunks[-1]) - hit.keep_tokens if hit is not None else 0)
+    return out.deltas, kept, hit
+
+
+def expected_answer_end(parser: str, text: str, stop: list[str], max_tokens: int | None) -> tuple[int, str | None]:
+    """Found by brute force on the output's prefixes: how many ids the output keeps, and the stop string
+    that ends it (None: its length, or its end)."""
+    ids = THINK_TOKENIZER.encode(text, add_special_tokens=False).ids
+    answer_from = None
+    for k in range(len(ids) + 1):
+        prefix = THINK_TOKENIZER.decode(ids[:k])
+        reasoning, answer = split(parser, [prefix])
+        opened = prefix.startswith("<think>") or REASONING_PARSERS[parser].starts_in_reasoning
+        if answer_from is None and (not opened and not "<think>".startswith(prefix) or "</think>" in prefix):
+            answer_from = k if opened else 0
+        found = [s for s in stop if s in answer]
+        if found and answer_from is not None:
+            return k, min(found, key=answer.find)
+        undecided = answer_from is None and not opened
+        if max_tokens is not None and (answer_from is not None or undecided) and k >= (answer_from or 0) + max_tokens and k < len(ids):
+            return k, None
+    return len(ids), None
+
+
+ANSWER_TEXTS = [
+    "<think>\nA city, as asked: a capital.\n</think>\n\nParis, a capital.",
+    "So: a city.</think>Paris, a capital, and a city.",
+    "Paris, a city: a capital.",
+    "<think>Café 🙂 a city?</think>🙂 Café, a capital 🙂.",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["qwen3", "deepseek_r1"]),
+    st.sampled_from(ANSWER_TEXTS),
+    st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    st.sampled_from([[], ["a"], [", a"], ["capital", "Par"], ["</think>"], ["city"]]),
+    st.one_of(st.none(), st.integers(1, 12)),
+    st.booleans(),
+)
+def test_stop_strings_and_max_tokens_apply_to_the_answer_whatever_the_split(parser, text, sizes, stop, max_tokens, include_stop):
+    """Stop strings are looked for in the answer only, and max_tokens counts the answer's ids, exactly
+    under every split of the ids into engine messages: the ids kept and the text sent are those of the
+    shortest prefix of the output whose answer holds a stop string, or whose answer has max_tokens ids."""
+    deltas, kept, hit = answer_stream(parser, text, sizes, stop, max_tokens, include_stop)
+    expected_kept, expected_stop = expected_answer_end(parser, text, stop, max_tokens)
+    ids = THINK_TOKENIZER.encode(text, add_special_tokens=False).ids
+    reasoning, answer = split(parser, deltas)
+    whole_reasoning, whole_answer = split(parser, [THINK_TOKENIZER.decode(ids[:expected_kept])])
+    if expected_stop is not None:
+        whole_answer = whole_answer[: whole_answer.find(expected_stop) + (len(expected_stop) if include_stop else 0)]
+        assert hit == StopHit(expected_stop, hit.keep_tokens)
+    elif expected_kept < len(ids):
+        assert hit == StopHit(None, hit.keep_tokens)  # the answer's length
+    else:
+        assert hit is None
+    assert (reasoning, answer) == (whole_reasoning, whole_answer)
+    assert kept == expected_kept
+
+
+def test_stop_strings_in_the_thinking_do_not_end_it():
+    deltas, kept, hit = answer_stream("deepseek_r1", ANSWER_TEXTS[1], [1], ["city"], None)
+    assert split("deepseek_r1", deltas) == ("So: a city.", "Paris, a capital, and a ")
+    assert hit == StopHit("city", 1)
+
+
+def test_max_tokens_counts_the_answer_and_the_engine_gets_the_thinking_budget():
+    parser = REASONING_PARSERS["qwen3"]
+    params, rules = answer_budget(SamplingParams(max_tokens=5), parser, 100)
+    assert params.max_tokens == 105 and rules == AnswerRules(ThinkingTags("<think>", "</think>", False), 5)
+    assert answer_budget(SamplingParams(max_tokens=5), parser, None)[0].max_tokens is None  # the context bounds the thinking
+    assert answer_budget(SamplingParams(max_tokens=None), parser, 100)[0].max_tokens is None
+    beams = SamplingParams(max_tokens=5, use_beam_search=True, n=2, temperature=0.0)
+    assert answer_budget(beams, parser, 100) == (beams, AnswerRules(parser.tags, None))  # a beam search's length counts all
+    deltas, kept, hit = answer_stream("qwen3", ANSWER_TEXTS[0], [3], [], 2)
+    ids = THINK_TOKENIZER.encode(ANSWER_TEXTS[0], add_special_tokens=False).ids
+    thinking = ids.index(THINK_TOKENIZER.token_to_id("</think>")) + 1
+    assert kept == thinking + 2 and hit == StopHit(None, hit.keep_tokens)
+    assert "".join(deltas) == THINK_TOKENIZER.decode(ids[: thinking + 2])
