@@ -15,19 +15,22 @@ its ``traceparent`` header when it has one (W3C trace context), with one child p
   reached the request (``tokens``: how many it carried).
 
 The request's span ends when its response is complete: for a stream, after its last frame.
+Tracing off costs a request one check per engine message. The API (``opentelemetry-api``) comes
+with Ray Serve; the SDK and the exporter are imported only when tracing is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
 SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
@@ -47,6 +50,10 @@ def tracer_from_environment(environ: Mapping[str, str]) -> Tracer | None:
 
 def tracer_exporting_to(exporter: SpanExporter, service_name: str) -> Tracer:
     """A tracer of its own provider (not the process's global one) that batches spans to ``exporter``."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider.get_tracer("spout")
@@ -54,6 +61,8 @@ def tracer_exporting_to(exporter: SpanExporter, service_name: str) -> Tracer:
 
 def exporter_named(name: str) -> SpanExporter:
     if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
         return ConsoleSpanExporter()
     if name == "otlp":
         try:
@@ -80,9 +89,13 @@ class RequestTrace:
     def _start_phase(self, name: str, **attributes: int) -> Span:
         return self.tracer.start_span(name, context=self.context, attributes=attributes)
 
-    def _next_phase(self, name: str, **attributes: int) -> None:
+    def _end_phase(self) -> None:
         if self.phase is not None:
             self.phase.end()
+            self.phase = None
+
+    def _next_phase(self, name: str, **attributes: int) -> None:
+        self._end_phase()
         self.phase = self._start_phase(name, **attributes)
 
     def submitted(self, prompt_tokens: int, choices: int) -> None:
@@ -97,7 +110,9 @@ class RequestTrace:
         self.phase.add_event("engine message", {"tokens": tokens})
 
     def outputs_ended(self, completion_tokens: int) -> None:
+        """The request's outputs ended (all its choices finished, or it was aborted)."""
         self.span.set_attribute("completion_tokens", completion_tokens)
+        self._end_phase()
         self._release()
 
     def answered(self, status_code: int) -> None:
@@ -109,7 +124,5 @@ class RequestTrace:
     def _release(self) -> None:
         self.holders -= 1
         if self.holders == 0:
-            if self.phase is not None:
-                self.phase.end()
-                self.phase = None
+            self._end_phase()
             self.span.end()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
 from deployments.auth import APIKeyCheck
@@ -75,9 +76,10 @@ class FakeEngineClient:
         return {"choices": len(ids)}
 
 
-def ingress(client: FakeEngineClient, **options: object) -> Ingress:
-    """An `Ingress` as a replica builds it with ``options``, less Serve and the engines."""
+def ingress(client: FakeEngineClient, tracer: Tracer | None = None, **options: object) -> Ingress:
+    """An `Ingress` as a replica builds it with ``options``, less Serve and the engines (``tracer``: tracing on)."""
     made = object.__new__(Ingress)
+    made.tracer = tracer
     made.args = ServeArgs(model="tiny-random", max_model_len=256, **options)
     made.auth = APIKeyCheck(None)
     made.tokenizer = load_tokenizer("tiny-random")
