@@ -44,14 +44,16 @@ stop: install
 # first lane spends waiting on Ray. The serving lane's output is printed when both have ended.
 # The serving lane: these folders, and the test files at the top of tests/deployments (its subfolders,
 # the wire formats, are in-process); the libraries lane: everything else.
-SERVING_FOLDERS := tests/e2e tests/cluster tests/bench
+# tests/e2e goes last: its one Serve app lives until the lane's end, and the tests that start
+# Ray or a server of their own need the process without one.
+SERVING_FOLDERS := tests/bench tests/cluster tests/e2e
 SERVING_FILES := tests/deployments/test_*.py
 
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@mkdir -p .cache
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SERVING_FOLDERS) $(wildcard $(SERVING_FILES)) \
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(filter-out tests/e2e,$(SERVING_FOLDERS)) $(wildcard $(SERVING_FILES)) tests/e2e \
 		> .cache/serving-tests.log 2>&1 & serving=$$!; \
 	$(PY) -m pytest -q --durations=15 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) --ignore-glob='$(SERVING_FILES)'; libraries=$$?; \
 	wait $$serving; serving_status=$$?; \
