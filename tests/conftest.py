@@ -4,11 +4,20 @@ Without CUDA, Triton kernels run under the interpreter. ``TRITON_INTERPRET`` is 
 when ``triton`` decorates a function (its own standard library included, at import),
 and some test modules import libraries that import triton, so it is set here, before
 any test module is collected.
+
+SIGINT is made to raise ``KeyboardInterrupt`` again where the process started with it ignored (below).
 """
 
 import os
+import signal
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # `make test` starts its serving lane in the background, and a shell without job control starts
+    # background commands with SIGINT ignored, which every child would inherit: the tests that stop a
+    # server or a step with Ctrl-C need it, and so does a user's Ctrl-C of `make test`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
