@@ -52,16 +52,25 @@ def build_app(args: dict[str, str] | None = None) -> Application:
     ingress = serve.deployment(
         Ingress,
         name="Ingress",
-        autoscaling_config={
-            "min_replicas": config.ingress_min_replicas,
-            "max_replicas": config.ingress_max_replicas,
-            "target_ongoing_requests": config.ingress_target_streams,
-            "upscale_delay_s": config.ingress_upscale_delay_s,
-            "downscale_delay_s": config.ingress_downscale_delay_s,
-        },
+        **ingress_replicas(config),
         max_ongoing_requests=100_000,
         graceful_shutdown_timeout_s=config.replica_drain_timeout_s,
         ray_actor_options={"num_cpus": 0} | ({"resources": {config.ingress_resource: 1}} if config.ingress_resource else {}),
         logging_config=QUIET_LOGS,
     )
     return ingress.bind(config.model_dump(), detok)
+
+
+def ingress_replicas(config: ServeArgs) -> dict[str, object]:
+    """A fixed count when the bounds are equal (Serve's autoscaler then has nothing to decide),
+    else Serve's autoscaling on requests in flight per replica."""
+    if config.ingress_min_replicas == config.ingress_max_replicas:
+        return {"num_replicas": config.ingress_min_replicas}
+    autoscaling = {
+        "min_replicas": config.ingress_min_replicas,
+        "max_replicas": config.ingress_max_replicas,
+        "target_ongoing_requests": config.ingress_target_streams,
+        "upscale_delay_s": config.ingress_upscale_delay_s,
+        "downscale_delay_s": config.ingress_downscale_delay_s,
+    }
+    return {"autoscaling_config": autoscaling}
