@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeVar
-
-from ray import ObjectRef
+from typing import TYPE_CHECKING
 
 from deployments.detok_pool import DetokClient
 from deployments.metrics import IngressMetrics
@@ -30,7 +27,6 @@ if TYPE_CHECKING:
     from deployments.engine_actor import EngineHandle
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ENGINE_POLL_TIMEOUT_S = 1.0
 ENGINE_CALL_TIMEOUT_S = 30.0  # an engine that answers no call in this long is taken for dead
@@ -110,7 +106,7 @@ class OutputRouter:
             aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
                 poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)
-                polled = await asyncio.wait_for(reply_future(poll), ENGINE_CALL_TIMEOUT_S)
+                polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
             except Exception as error:  # the actor died (Ray restarts it) or hangs
                 logger.error("engine %d failed: %r", engine_index, error)
                 self._engine_down(engine_index)
@@ -184,12 +180,6 @@ class OutputRouter:
         finish_reason = output.finish_reason.value if output.finish_reason is not None else None
         stream.finished = finish_reason is not None
         stream.mailbox.push(stream.index, result.text, output.new_token_ids, finish_reason, output.stop_reason, logprobs, prompt)
-
-
-def reply_future(reply: Awaitable[T]) -> Awaitable[T]:
-    """An actor call's reply as the asyncio future that awaiting its ObjectRef wraps, so that ``wait_for``
-    wraps no task around it (one per engine step); anything else (a stand-in engine's coroutine) as it is."""
-    return asyncio.wrap_future(reply.future()) if isinstance(reply, ObjectRef) else reply
 
 
 def expand_beams(outputs: list[EngineOutput]) -> list[EngineOutput]:
