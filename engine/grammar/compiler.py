@@ -82,6 +82,8 @@ class GrammarCompiler:
         self.jobs: dict[str, CompileJob] = {}
         """Uncached compiles queued or running, by constraint."""
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._token_tags = frozenset(token.content for token in tokenizer.tokenizer.get_added_tokens_decoder().values())
+        """The tokenizer's added tokens, special to llguidance (a thinking's tags among them: `grammar_text`)."""
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
 
     def matcher(self, constraint: StructuredOutputs, client: str) -> llguidance.LLMatcher | CompileJob:
@@ -145,7 +147,8 @@ class GrammarCompiler:
             job.future.set_exception(error)
 
     def _compile(self, constraint: StructuredOutputs) -> llguidance.LLMatcher:
-        template = llguidance.LLMatcher(self._llg_tokenizer(), grammar_text(constraint), limits=parser_limits(self._limits))
+        grammar = grammar_text(constraint, self._token_tags)
+        template = llguidance.LLMatcher(self._llg_tokenizer(), grammar, limits=parser_limits(self._limits))
         template.compute_bitmask()  # builds the lexer now rather than at the request's first step
         if template.is_error():
             raise GrammarError(template.get_error())

@@ -33,20 +33,40 @@ def parser_limits(limits: GrammarLimits) -> llguidance.LLParserLimits:
     return llguidance.LLParserLimits(**asdict(limits), verbose_errors=False)  # its fields are llguidance's names
 
 
-def grammar_text(constraint: StructuredOutputs) -> str:
+def grammar_text(constraint: StructuredOutputs, token_tags: frozenset[str] = frozenset()) -> str:
     """The llguidance grammar (its JSON form) of ``constraint``, free text until its ``reasoning_end``
-    when it has one (`after_free_text`); raises `GrammarError` when it is not even well-formed."""
+    when it has one (`after_free_text`; ``token_tags``: the tokenizer's added tokens, which llguidance
+    takes for special tokens); raises `GrammarError` when it is not even well-formed."""
     text = _answer_grammar(constraint)
-    return text if constraint.reasoning_end is None else after_free_text(text, constraint.reasoning_end)
+    return text if constraint.reasoning_end is None else after_free_text(text, constraint.reasoning_end, token_tags)
 
 
-def after_free_text(answer: str, end: str) -> str:
+def opening_tag(end: str) -> str:
+    """The tag a thinking that ``end`` closes opens with: ``<think>`` for ``</think>``."""
+    return "<" + end[2:] if end.startswith("</") else end
+
+
+def after_free_text(answer: str, end: str, token_tags: frozenset[str] = frozenset()) -> str:
     """Free text up to and with ``end`` (a lazy match: the first ``end`` closes it), then ``answer``: a
-    reasoning model thinks freely and its answer is constrained (llguidance's nested grammars)."""
+    reasoning model thinks freely and its answer is constrained (llguidance's nested grammars).
+
+    llguidance takes every added token of a tokenizer (``token_tags``) for a special token, which text
+    never matches, even one the tokenizer does not call special, as Qwen3's and DeepSeek-R1's ``<think>``
+    and ``</think>`` are: where ``end`` is one, the thinking may also end with that token (after free text
+    without ``end`` in it), and where its opening tag is one, the thinking may start with that token."""
     top = json.loads(answer) if answer.lstrip().startswith("{") else {"grammars": [{"lark_grammar": answer}]}  # its JSON form, or Lark
     top["grammars"][0]["name"] = "constrained_answer"
-    lark = f"start: thinking @constrained_answer\nthinking[lazy]: FREE_TEXT {json.dumps(end)}\nFREE_TEXT: /(.|\\n)*/"
-    top["grammars"].insert(0, {"lark_grammar": lark})
+    opening = opening_tag(end)
+    rules = [
+        f"start: {opening + '?' if opening in token_tags else ''} thinking @constrained_answer",
+        f"thinking: text_thinking{' | FREE_TEXT_WITHOUT_END ' + end if end in token_tags else ''}",
+        f"text_thinking[lazy]: FREE_TEXT {json.dumps(end)}",
+        "FREE_TEXT: /(.|\\n)*/",
+    ]
+    if end in token_tags:
+        escaped = re.escape(end).replace("/", "\\/")
+        rules.append(f"FREE_TEXT_WITHOUT_END: /(.|\\n)*/ & ~/(.|\\n)*{escaped}(.|\\n)*/")
+    top["grammars"].insert(0, {"lark_grammar": "\n".join(rules)})
     return json.dumps(top)
 
 
