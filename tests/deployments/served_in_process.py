@@ -76,9 +76,17 @@ class InProcessServer:
         return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout_s)
 
     def close(self) -> None:
+        """Stop the engine thread, then the tasks left on the loop (the replicas' output loops), then the loop."""
         self.run(self.actor.shutdown())
+        self.run(self._cancel_tasks())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(WAIT_S)
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def ingress(self, **options: object) -> Ingress:
         """An ingress replica with ``options`` (`ServeArgs`), as `Ingress.__init__` builds it, less Serve."""

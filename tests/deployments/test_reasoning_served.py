@@ -7,6 +7,7 @@ the template closes the thinking), so every split, limit and constraint is check
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -165,3 +166,14 @@ def test_the_messages_api_returns_a_thinking_block_then_the_text(served):
         return "".join(thinking), "".join(text)
 
     assert served.run(streamed()) == (REASONING, ANSWER)
+
+
+def test_a_forced_tool_call_comes_after_the_thinking(served, qwen3):
+    parameters = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "capital", "parameters": parameters}}]
+    for tool_choice in ("required", {"type": "function", "function": {"name": "capital"}}):
+        choice = chat(served, qwen3, max_tokens=64, tools=tools, tool_choice=tool_choice, parallel_tool_calls=False).choices[0]
+        (call,) = choice.message.tool_calls
+        assert choice.message.model_extra["reasoning_content"] == REASONING and not choice.message.content
+        assert call.function.name == "capital" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+        assert choice.finish_reason == "tool_calls"
