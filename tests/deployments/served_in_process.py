@@ -105,7 +105,9 @@ class InProcessServer:
         made.trust_local_proxy = False
         made.local_addresses = frozenset()
         detok = DetokClient(made.tokenizer.tokenizer, None, made.args.inline_detok_threshold, made.args.detok_tokens_per_call)
-        client = EngineClient([LocalEngineHandle(self.actor)], f"subscriber-{id(made)}", made.encoder, detok, made.metrics)  # type: ignore[list-item]
+        engines = [LocalEngineHandle(self.actor)]
+        args = made.args
+        client = EngineClient(engines, f"subscriber-{id(made)}", made.encoder, detok, made.metrics, args.stream_interval, args.stream_idle_timeout_s)  # type: ignore[arg-type]
         made.engine_client = asyncio.get_running_loop().create_future()
         made.engine_client.set_result(client)
         return made

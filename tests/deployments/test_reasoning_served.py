@@ -76,6 +76,10 @@ def streamed_chat(served, client, **fields) -> tuple[str, str, str | None]:
 
 def test_streamed_chat_deltas_join_to_the_same_split(served, qwen3):
     assert streamed_chat(served, qwen3, max_tokens=32) == (REASONING, ANSWER, "stop")
+    for interval in (2, 3, 5):  # frames of several tokens: the tags fall inside a delta, or across two
+        client = openai_client(served.ingress(reasoning_parser="qwen3", stream_interval=interval))
+        assert streamed_chat(served, client, max_tokens=32) == (REASONING, ANSWER, "stop")
+        assert streamed_chat(served, client, max_tokens=2, stop=["capital", " it"]) == (REASONING, "Paris is", "length")
 
 
 def test_a_stop_string_in_the_thinking_does_not_stop_it_one_in_the_answer_does(served, qwen3):
