@@ -181,3 +181,19 @@ def test_a_forced_tool_call_comes_after_the_thinking(served, qwen3):
         assert choice.message.model_extra["reasoning_content"] == REASONING and not choice.message.content
         assert call.function.name == "capital" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
         assert choice.finish_reason == "tool_calls"
+
+
+def test_the_responses_and_messages_apis_limit_and_stop_the_answer_alone(served, qwen3):
+    cut = served.run(qwen3.responses.create(model=served.model, input=MESSAGES[0]["content"], max_output_tokens=2, temperature=0))
+    assert [part.text for part in cut.output[0].content] == [REASONING] and cut.output_text == "Paris is"
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    client = anthropic_client(served.ingress(reasoning_parser="qwen3"))
+
+    def message(**fields) -> tuple[str, str, str | None]:
+        made = served.run(client.messages.create(model=served.model, messages=MESSAGES, extra_body={"temperature": 0}, **fields))
+        thinking, text = made.content
+        return thinking.thinking, text.text, made.stop_reason
+
+    assert message(max_tokens=32, stop_sequences=["capital"]) == (REASONING, ANSWER, "end_turn")
+    assert message(max_tokens=32, stop_sequences=[" is"]) == (REASONING, "Paris", "stop_sequence")
+    assert message(max_tokens=2) == (REASONING, "Paris is", "max_tokens")
