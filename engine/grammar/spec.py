@@ -21,6 +21,8 @@ COMPACT_JSON: dict[str, object] = {"whitespace_flexible": False}
 """JSON without whitespace between tokens (a schema's ``x-guidance`` may allow it): a model cannot spend
 its tokens on whitespace, and the output is what ``json.dumps(..., separators=(",", ":"))`` writes."""
 GBNF_RULE = re.compile(r"^\s*[A-Za-z][\w-]*\s*::=", re.MULTILINE)
+TOKEN_TAG = re.compile(r"<[^<>\s]+>")
+"""An added token a Lark rule can name as a token (``<tool_call>``, ``</think>``, ``<|im_end|>``)."""
 
 
 class GrammarError(ValueError):
@@ -37,7 +39,7 @@ def grammar_text(constraint: StructuredOutputs, token_tags: frozenset[str] = fro
     """The llguidance grammar (its JSON form) of ``constraint``, free text until its ``reasoning_end``
     when it has one (`after_free_text`; ``token_tags``: the tokenizer's added tokens, which llguidance
     takes for special tokens); raises `GrammarError` when it is not even well-formed."""
-    text = _answer_grammar(constraint)
+    text = _answer_grammar(constraint, token_tags)
     return text if constraint.reasoning_end is None else after_free_text(text, constraint.reasoning_end, token_tags)
 
 
@@ -70,7 +72,7 @@ def after_free_text(answer: str, end: str, token_tags: frozenset[str] = frozense
     return json.dumps(top)
 
 
-def _answer_grammar(constraint: StructuredOutputs) -> str:
+def _answer_grammar(constraint: StructuredOutputs, token_tags: frozenset[str]) -> str:
     matcher = llguidance.LLMatcher
     try:
         if constraint.json_ is not None:
@@ -78,7 +80,7 @@ def _answer_grammar(constraint: StructuredOutputs) -> str:
         if constraint.json_object:
             return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=json_defaults(constraint))
         if constraint.structural_tag is not None:
-            return structural_tag_grammar(constraint, constraint.structural_tag)
+            return structural_tag_grammar(constraint, constraint.structural_tag, token_tags)
         if constraint.regex is not None:
             return matcher.grammar_from_regex(constraint.regex)
         if constraint.choice is not None:
@@ -126,22 +128,45 @@ def closed_objects(schema: object) -> dict:
     return closed
 
 
-def structural_tag_grammar(constraint: StructuredOutputs, tag: StructuralTag) -> str:
+def structural_tag_grammar(constraint: StructuredOutputs, tag: StructuralTag, token_tags: frozenset[str] = frozenset()) -> str:
     """Free text in which each structure's trigger starts ``begin``, a JSON value of its schema, ``end``
-    (llguidance's lazy triggers, `llguidance.StructTag`); the JSON options apply to each value. Each
-    schema goes in as a schema: a grammar's JSON form there would be read as a schema of unknown keywords
-    (anything goes), which is how vLLM's guidance backend passes it. Triggers and tags are text, even
-    one written like a special token (``<tool_call>``), which llguidance would otherwise take for one."""
-    tags = [
-        llguidance.StructTag(
-            trigger=tag.trigger_of(structure) or "",
-            begin=structure.begin,
-            grammar=json_schema(constraint, structure.schema_) | {"x-guidance": json_defaults(constraint)},
-            end=structure.end,
-        )
-        for structure in tag.structures
+    (the Lark that llguidance's `llguidance.StructTag.to_grammar` writes: lazy triggers); the JSON options
+    apply to each value. Each schema goes in as a schema: a grammar's JSON form there would be read as a
+    schema of unknown keywords (anything goes), which is how vLLM's guidance backend passes it.
+
+    Triggers, ``begin`` and ``end`` are text, except where they hold one of the tokenizer's added tokens
+    (``token_tags``, as Qwen's ``<tool_call>``; `lark_literal`): llguidance takes those for special tokens,
+    which text never matches, and a tokenizer writes them as one token. `StructTag.to_grammar` cannot
+    mix the two (its ``assume_special`` takes every trigger written ``<...>`` for a token, or none)."""
+    rules = [
+        "%llguidance {}",
+        f"start: ({' | '.join(f'tag_{i}' for i in range(len(tag.structures)))})* TAG_TEXT",
+        "TAG_TEXT: /(.|\\n)*/",
     ]
-    return llguidance.StructTag.to_grammar(tags, assume_special=False)
+    for i, structure in enumerate(tag.structures):
+        trigger = tag.trigger_of(structure) or ""
+        schema = json_schema(constraint, structure.schema_) | {"x-guidance": json_defaults(constraint)}
+        body = f"{lark_literal(structure.begin[len(trigger) :], token_tags)} %json {json.dumps(schema)} {lark_literal(structure.end, token_tags)}"
+        if lark_token(trigger, token_tags):
+            rules.append(f"tag_{i}: TAG_TEXT {trigger} {body}")
+        else:
+            rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {json.dumps(trigger)}", f"tag_{i}: tag_{i}_trigger {body}"]
+    return "\n".join(rules)
+
+
+def lark_token(text: str, token_tags: frozenset[str]) -> bool:
+    """Whether ``text`` is an added token that Lark can name as one: ``<...>`` without spaces."""
+    return text in token_tags and TOKEN_TAG.fullmatch(text) is not None
+
+
+def lark_literal(text: str, token_tags: frozenset[str]) -> str:
+    """``text`` as a sequence in a Lark rule: the added tokens in it (`lark_token`) as tokens, the rest
+    quoted; empty for empty text."""
+    tags = sorted((t for t in token_tags if lark_token(t, token_tags) and t in text), key=len, reverse=True)
+    if not tags:
+        return json.dumps(text) if text else ""
+    pieces = re.split("(" + "|".join(re.escape(t) for t in tags) + ")", text)
+    return " ".join(piece if piece in tags else json.dumps(piece) for piece in pieces if piece)
 
 
 def grammar_error(constraint: StructuredOutputs, limits: GrammarLimits) -> str | None:
