@@ -56,9 +56,9 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@mkdir -p .cache
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SERVING_FILES) $(filter-out tests/e2e,$(SERVING_FOLDERS)) tests/e2e \
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(SERVING_FILES) $(filter-out tests/e2e,$(SERVING_FOLDERS)) tests/e2e \
 		> .cache/serving-tests.log 2>&1 & serving=$$!; \
-	nice -n 15 $(PY) -m pytest -q --durations=15 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) $(addprefix --ignore=,$(SERVING_FILES)); libraries=$$?; \
+	nice -n 15 $(PY) -m pytest -q --durations=30 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) $(addprefix --ignore=,$(SERVING_FILES)); libraries=$$?; \
 	wait $$serving; serving_status=$$?; \
 	echo "== the serving lane =="; cat .cache/serving-tests.log; \
 	echo "libraries lane: exit $$libraries; serving lane: exit $$serving_status"; \

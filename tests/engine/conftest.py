@@ -3,11 +3,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from engine.config import DEFAULT_MODEL
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint
-from engine.loader.model_files import DEFAULT_MODEL_PACKAGE, ModelNotFoundError
+from engine.loader.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, ModelNotFoundError, default_model_path
 from engine.loader.random_shapes import TINY_RANDOM
 from engine.outputs import EngineOutput
 
@@ -24,6 +25,15 @@ def smollm_checkpoint() -> Checkpoint:
         return load_checkpoint(DEFAULT_MODEL)
     except ModelNotFoundError as error:
         pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def transformers_model() -> torch.nn.Module:
+    """The independent reference: the default model as Hugging Face transformers reads the same GGUF, in
+    float32 (loaded once: reading the GGUF through transformers takes half a minute)."""
+    transformers = pytest.importorskip("transformers")
+    path = default_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=DEFAULT_MODEL_FILE, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

@@ -80,7 +80,7 @@ params_strategy = st.fixed_dictionaries(
 
 @given(st.lists(params_strategy, min_size=1, max_size=5))
 @settings(
-    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", 30)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 def test_validated_params_never_make_a_step_raise(engine: EngineCore, batch: list[dict]) -> None:
     admitted = []

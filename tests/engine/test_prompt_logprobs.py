@@ -9,7 +9,6 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.kv_cache import bytes_per_block
-from engine.loader.model_files import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk
 from engine.outputs import FinishReason, PromptLogprobs
 from engine.prompt_logprobs import PromptLogprobsRequests
@@ -45,12 +44,10 @@ def prompt(smollm_checkpoint) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference_logprobs(prompt) -> torch.Tensor:
+def reference_logprobs(prompt, transformers_model) -> torch.Tensor:
     """[P - 1, V]: transformers' log_softmax at every prompt position but the last."""
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=DEFAULT_MODEL_FILE, dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([prompt])).logits[0, :-1].float()
+        logits = transformers_model(torch.tensor([prompt])).logits[0, :-1].float()
     return torch.log_softmax(logits, dim=-1)
 
 

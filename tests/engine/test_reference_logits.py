@@ -8,7 +8,6 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.generate import generate
-from engine.loader.model_files import DEFAULT_MODEL_FILE, default_model_path
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
 from sampling.params import SamplingParams
 
@@ -30,12 +29,6 @@ LOGITS_ATOL = 1e-3
 # absolute logit difference 0.09 to 0.20, at most 1.1, and the same argmax at every position.
 # A defect of the kind above moves the mean past 1 and the argmax at most positions.
 BF16_MEAN_LOGITS_ATOL = 0.3
-
-
-@pytest.fixture(scope="module")
-def reference_model() -> torch.nn.Module:
-    path = default_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=DEFAULT_MODEL_FILE, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -63,30 +56,30 @@ def our_last_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_last_position_logits_match_transformers(engine, reference_model, prompt):
+def test_last_position_logits_match_transformers(engine, transformers_model, prompt):
     ids = engine.tokenizer.encode(prompt)
     ours = our_last_logits(engine, ids)
     with torch.no_grad():
-        theirs = reference_model(torch.tensor([ids])).logits[0, -1]
+        theirs = transformers_model(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(ours, theirs.float(), atol=LOGITS_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_bfloat16_logits_stay_near_transformers_float32_at_every_position(bf16_engine, reference_model, prompt):
+def test_bfloat16_logits_stay_near_transformers_float32_at_every_position(bf16_engine, transformers_model, prompt):
     ids = bf16_engine.tokenizer.encode(prompt)
     ours = our_logits(bf16_engine, ids)
     with torch.no_grad():
-        theirs = reference_model(torch.tensor([ids])).logits[0].float()
+        theirs = transformers_model(torch.tensor([ids])).logits[0].float()
     assert (ours - theirs).abs().mean().item() < BF16_MEAN_LOGITS_ATOL
     assert ours.argmax(-1).tolist() == theirs.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
-def test_greedy_continuation_matches_transformers_for_32_tokens(engine, reference_model, prompt):
+def test_greedy_continuation_matches_transformers_for_32_tokens(engine, transformers_model, prompt):
     ids = engine.tokenizer.encode(prompt)
     ours = generate(engine, ids, SamplingParams(temperature=0.0, max_tokens=32))
     eos = engine.tokenizer.eos_token_ids[0]
     with torch.no_grad():
-        theirs = reference_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        theirs = transformers_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=eos)
     assert ours == theirs[0, len(ids) :].tolist()
     assert len(ours) == 32 or ours[-1] == eos
