@@ -112,7 +112,9 @@ class EngineClient:
         up = [i for i in range(len(live)) if i not in down]
         if not up:
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
-        return self.routing.pick(prompt, live, up)
+        pick = self.routing.pick(prompt, live, up)
+        self.metrics.routing.inc(pick.placement)
+        return pick.engine
 
     async def submit(
         self,

@@ -31,6 +31,23 @@ from enum import StrEnum
 KEY_BYTES = 8
 
 
+class Placement(StrEnum):
+    """How a request's engine was chosen (the ``placement`` label of ``spout:engine_routing_total``)."""
+
+    AFFINITY = "affinity"
+    """The first engine of its key's ranking."""
+    SPILLED = "spilled"
+    """A later engine of the ranking: those before it ran past the load slack."""
+    LEAST_LOADED = "least_loaded"
+    """No key (a short prompt), or the least-loaded policy."""
+
+
+@dataclass(frozen=True)
+class Pick:
+    engine: int
+    placement: Placement
+
+
 class RoutingPolicy(StrEnum):
     PREFIX = "prefix"
     """By the prompt's prefix (rendezvous ranking), within the load slack; least-loaded without a key."""
@@ -63,17 +80,19 @@ class EngineRouting:
         ids = struct.pack(f"<{self.prefix_tokens}I", *prompt[: self.prefix_tokens])
         return hashlib.blake2b(ids, digest_size=KEY_BYTES).digest()
 
-    def pick(self, prompt: Sequence[int], live: Sequence[int], up: Sequence[int]) -> int:
-        """The engine for a request with ``prompt``: ``live[i]`` is engine i's live choices, ``up`` the
-        indices of the engines that are up (at least one)."""
+    def pick(self, prompt: Sequence[int], live: Sequence[int], up: Sequence[int]) -> Pick:
+        """The engine for a request with ``prompt``, and how it was chosen: ``live[i]`` is engine i's
+        live choices, ``up`` the indices of the engines that are up (at least one)."""
         if not up:
             raise ValueError("no engine is up")
         least = min(up, key=live.__getitem__)
         key = self.prefix_key(prompt)
         if key is None:
-            return least
+            return Pick(least, Placement.LEAST_LOADED)
         bound = live[least] + max(self.load_slack, self.load_slack_fraction * live[least])
-        return next(engine for engine in rendezvous_ranking(key, up) if live[engine] <= bound)
+        ranking = rendezvous_ranking(key, up)
+        engine = next(engine for engine in ranking if live[engine] <= bound)
+        return Pick(engine, Placement.AFFINITY if engine == ranking[0] else Placement.SPILLED)
 
 
 def rendezvous_ranking(key: bytes, engines: Sequence[int]) -> list[int]:

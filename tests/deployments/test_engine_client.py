@@ -12,7 +12,7 @@ from ray.exceptions import ActorDiedError
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
 from deployments.engine_client import EngineClient
-from deployments.engine_routing import EngineRouting, RoutingPolicy
+from deployments.engine_routing import EngineRouting, Placement, RoutingPolicy
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat
@@ -218,5 +218,8 @@ def test_prompts_that_share_a_prefix_meet_on_one_engine_within_the_load_slack():
         assert placed[3] != home  # 3 above: the prompt's next engine
         short = await client.submit(fmt, [TOKENIZER.encode("Hi")], SamplingParams(), echo=False)
         assert short.streams[0].engine_index not in placed  # no key: the least-loaded engine
+        labels = {"model_name": "tiny-random", "replica": "test-replica"}
+        counted = {p: client.metrics.registry.get_sample_value("spout:engine_routing_total", labels | {"placement": p}) for p in Placement}
+        assert counted == {Placement.AFFINITY: 3, Placement.SPILLED: 1, Placement.LEAST_LOADED: 1}
 
     asyncio.run(asyncio.wait_for(run(), 30))
