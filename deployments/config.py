@@ -77,10 +77,10 @@ class ServeArgs(RequestLimits):
     )
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_routing: Literal["prefix", "least_loaded"] = Field(
-        "prefix",
-        description="Which engine a request goes to. prefix: prompts that start with the same engine_routing_prefix_tokens tokens go to the same "
-        "engine (its prefix cache holds them), unless it runs more than the load slack above the least-loaded one; shorter prompts go to the "
-        "least-loaded engine. least_loaded: always the engine with the fewest live choices (see docs/deployment.md).",
+        "least_loaded",
+        description="Which engine a request goes to. least_loaded: the engine with the fewest live choices. prefix: prompts that start with the "
+        "same engine_routing_prefix_tokens tokens go to the same engine (its prefix cache holds them), unless it runs more than the load slack "
+        "above the least-loaded one; shorter prompts go to the least-loaded engine. For prompts that share long prefixes (see docs/deployment.md).",
     )
     engine_routing_prefix_tokens: int = Field(
         64,

@@ -74,9 +74,9 @@ def test_replica_bounds_must_be_in_order(kind):
 
 
 def test_engine_routing_options_make_the_routing_rules():
-    rules = ServeArgs(engine_routing="least_loaded", engine_routing_prefix_tokens="128", engine_routing_load_slack=0).engine_routing_rules()
-    assert (rules.policy, rules.prefix_tokens, rules.load_slack) == (RoutingPolicy.LEAST_LOADED, 128, 0)
-    assert ServeArgs().engine_routing_rules().policy is RoutingPolicy.PREFIX
+    rules = ServeArgs(engine_routing="prefix", engine_routing_prefix_tokens="128", engine_routing_load_slack=0).engine_routing_rules()
+    assert (rules.policy, rules.prefix_tokens, rules.load_slack) == (RoutingPolicy.PREFIX, 128, 0)
+    assert ServeArgs().engine_routing_rules().policy is RoutingPolicy.LEAST_LOADED
     with pytest.raises(ValidationError, match="engine_routing_prefix_tokens"):
         ServeArgs(engine_routing_prefix_tokens=40)  # not a whole number of KV blocks
     with pytest.raises(ValidationError, match="engine_routing"):
