@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from deployments.engine_routing import EngineRouting, RoutingPolicy
 from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
 from deployments.openai.reasoning import REASONING_PARSERS, ReasoningParser
@@ -16,6 +17,7 @@ from engine.fair_share import SchedulingPolicy
 from engine.grammar.limits import CompileBudget, GrammarLimits
 from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 
+BLOCK_SIZE = EngineConfig.block_size
 QUEUE_SHARE = 4  # one request's choices fill at most this fraction of an engine's waiting queue
 DETOK_INLINE_ALWAYS = 1_000_000
 """`ServeArgs.inline_detok_threshold` at which no step goes to the detokenizer pool (the default: on the
@@ -74,6 +76,25 @@ class ServeArgs(RequestLimits):
         True, description="On the CPU in float32, a GGUF's 4-bit and 8-bit matrices are multiplied through their blocks; false dequantizes them at load."
     )
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
+    engine_routing: Literal["prefix", "least_loaded"] = Field(
+        "least_loaded",
+        description="Which engine a request goes to. least_loaded: the engine with the fewest live choices. prefix: prompts that start with the "
+        "same engine_routing_prefix_tokens tokens go to the same engine (its prefix cache holds them), unless it runs more than the load slack "
+        "above the least-loaded one; shorter prompts go to the least-loaded engine. For prompts that share long prefixes (see docs/deployment.md).",
+    )
+    engine_routing_prefix_tokens: int = Field(
+        64,
+        ge=BLOCK_SIZE,
+        multiple_of=BLOCK_SIZE,
+        description=f"Leading prompt tokens the prefix routing hashes (a multiple of the KV block, {BLOCK_SIZE}); keep it above the chat "
+        "template's header (24 tokens for the default model's) and below the shared system prompts worth routing for.",
+    )
+    engine_routing_load_slack: int = Field(
+        4, ge=0, description="Live choices an engine may run above the least-loaded engine's and still take a prompt for its prefix."
+    )
+    engine_routing_load_slack_fraction: float = Field(
+        0.25, ge=0, description="The same slack in proportion to the least-loaded engine's live choices; the larger of the two applies."
+    )
     engine_resource: str | None = Field(
         None, min_length=1, description="A custom Ray resource marking engine places, one engine per unit (accelerators Ray does not count as GPUs; tests)."
     )
@@ -216,6 +237,14 @@ class ServeArgs(RequestLimits):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    def engine_routing_rules(self) -> EngineRouting:
+        return EngineRouting(
+            RoutingPolicy(self.engine_routing),
+            self.engine_routing_prefix_tokens,
+            self.engine_routing_load_slack,
+            self.engine_routing_load_slack_fraction,
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

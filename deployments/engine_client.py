@@ -12,6 +12,7 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
+from deployments.engine_routing import EngineRouting, RoutingPolicy
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.errors import APIError
@@ -26,6 +27,9 @@ from deployments.tracing import RequestTrace, current_trace
 from detok import AnswerRules, initial_state
 from engine.beam.choices import beam_choice_id
 from sampling.params import SamplingParams
+
+LEAST_LOADED = EngineRouting(RoutingPolicy.LEAST_LOADED)
+"""Where no routing is given (tests with one engine): every request to the least-loaded engine."""
 
 
 @dataclass
@@ -59,8 +63,10 @@ class EngineClient:
         metrics: IngressMetrics,
         stream_interval: int = 1,
         stream_idle_timeout_s: float | None = None,
+        routing: EngineRouting = LEAST_LOADED,
     ) -> None:
         self.engines = engines
+        self.routing = routing
         self.stream_interval = stream_interval
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.subscriber = subscriber
@@ -99,13 +105,16 @@ class EngineClient:
         self.aborters[stream.engine_index].submit(stream.engine_request_id)
         self.router.abort(stream.engine_index, stream.engine_request_id)
 
-    def _pick_engine(self) -> int:
-        """The engine with the fewest live choices among those up (a 503 when none is)."""
+    def _pick_engine(self, prompt: list[int]) -> int:
+        """The engine for a request whose (first) prompt is ``prompt``, among those up, by the routing
+        policy (`deployments.engine_routing`); a 503 when none is up."""
         live, down = self.router.live_per_engine, self.router.down
         up = [i for i in range(len(live)) if i not in down]
         if not up:
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
-        return min(up, key=live.__getitem__)
+        pick = self.routing.pick(prompt, live, up)
+        self.metrics.routing.inc(pick.placement)
+        return pick.engine
 
     async def submit(
         self,
@@ -122,7 +131,7 @@ class EngineClient:
         ``client_id``: the name it gave itself, if any (its share of the queue under the priority policy);
         ``answer``: with a reasoning parser, the answer's rules the detokenizer applies (`detok.answer`)."""
         strings = await self.encoder.strings(params)  # once per HTTP request, never on the event loop or the engine thread
-        engine_index = self._pick_engine()
+        engine_index = self._pick_engine(prompts[0] if prompts else [])
         mailbox = Mailbox(self.stream_interval, self.stream_idle_timeout_s)
         streams, requests, echo_texts = [], [], []
         request_of_stream: list[int] = []

@@ -114,7 +114,10 @@ class Ingress(AgentAPIs, TokenRoutes):
     async def _start(self) -> EngineClient:
         lengths = [await asyncio.wait_for(engine.ready.remote(), ENGINE_START_TIMEOUT_S) for engine in self.engines]
         self.max_model_len = min(lengths)
-        return EngineClient(self.engines, self.subscriber, self.encoder, self.detok, self.metrics, self.args.stream_interval, self.args.stream_idle_timeout_s)
+        args = self.args
+        return EngineClient(
+            self.engines, self.subscriber, self.encoder, self.detok, self.metrics, args.stream_interval, args.stream_idle_timeout_s, args.engine_routing_rules()
+        )
 
     async def __call__(self, request: Request) -> Response:
         trace = RequestTrace(self.tracer, request.method, request.url.path, request.headers) if self.tracer is not None else None

@@ -170,6 +170,7 @@ class IngressMetrics:
         labels = dict(zip(REPLICA_LABELS, bound))
         self.requests = ReplicaCounter("spout:http_requests", "HTTP requests by status code.", "status", bound, self.registry)
         self.aborts = ReplicaCounter("spout:aborts", "Engine requests aborted, by cause.", "cause", bound, self.registry)
+        self.routing = ReplicaCounter("spout:engine_routing", "Requests sent to an engine, by how it was chosen.", "placement", bound, self.registry)
         self.request_success = ReplicaCounter("spout:request_success", "Choices finished, by finish reason.", "finished_reason", bound, self.registry)
         self.prompt_tokens = Counter("spout:prompt_tokens", "Prompt tokens of the requests submitted.", REPLICA_LABELS, registry=self.registry).labels(*bound)
         self.generation_tokens = Counter("spout:generation_tokens", "Output tokens streamed or returned.", REPLICA_LABELS, registry=self.registry).labels(

@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from deployments.config import ServeArgs
+from deployments.engine_routing import RoutingPolicy
 from deployments.limits import RequestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,3 +71,13 @@ def test_replica_bounds_must_be_in_order(kind):
     with pytest.raises(ValidationError, match=f"{kind}_min_replicas \\(3\\) must be at most {kind}_max_replicas \\(2\\)"):
         ServeArgs.from_options({f"{kind}_min_replicas": "3", f"{kind}_max_replicas": "2"}, {})
     assert getattr(ServeArgs.from_options({f"{kind}_min_replicas": "2", f"{kind}_max_replicas": "2"}, {}), f"{kind}_max_replicas") == 2
+
+
+def test_engine_routing_options_make_the_routing_rules():
+    rules = ServeArgs(engine_routing="prefix", engine_routing_prefix_tokens="128", engine_routing_load_slack=0).engine_routing_rules()
+    assert (rules.policy, rules.prefix_tokens, rules.load_slack) == (RoutingPolicy.PREFIX, 128, 0)
+    assert ServeArgs().engine_routing_rules().policy is RoutingPolicy.LEAST_LOADED
+    with pytest.raises(ValidationError, match="engine_routing_prefix_tokens"):
+        ServeArgs(engine_routing_prefix_tokens=40)  # not a whole number of KV blocks
+    with pytest.raises(ValidationError, match="engine_routing"):
+        ServeArgs(engine_routing="round_robin")

@@ -12,6 +12,7 @@ from ray.exceptions import ActorDiedError
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
 from deployments.engine_client import EngineClient
+from deployments.engine_routing import EngineRouting, Placement, RoutingPolicy
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat
@@ -197,3 +198,28 @@ def test_new_requests_skip_an_engine_whose_poll_fails_until_it_answers_again():
         assert [s.engine_index for s in (await submit(client)).streams] == [0, 0]
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_prompts_that_share_a_prefix_meet_on_one_engine_within_the_load_slack():
+    routing = EngineRouting(RoutingPolicy.PREFIX, prefix_tokens=16, load_slack=2, load_slack_fraction=0.0)
+    shared = TOKENIZER.encode("A long system prompt that many requests share, word for word, before their own question.")
+    fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
+
+    async def run() -> None:
+        engines = [SlowEngine() for _ in range(4)]
+        detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
+        client = EngineClient(engines, "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"), routing=routing)
+        placed = []
+        for question in ("Why?", "How?", "When?", "Where?"):
+            submission = await client.submit(fmt, [shared + TOKENIZER.encode(question)], SamplingParams(), echo=False)
+            placed.append(submission.streams[0].engine_index)
+        home = placed[0]
+        assert placed[:3] == [home] * 3  # 0, 1, then 2 choices above the others: within the slack
+        assert placed[3] != home  # 3 above: the prompt's next engine
+        short = await client.submit(fmt, [TOKENIZER.encode("Hi")], SamplingParams(), echo=False)
+        assert short.streams[0].engine_index not in placed  # no key: the least-loaded engine
+        labels = {"model_name": "tiny-random", "replica": "test-replica"}
+        counted = {p: client.metrics.registry.get_sample_value("spout:engine_routing_total", labels | {"placement": p}) for p in Placement}
+        assert counted == {Placement.AFFINITY: 3, Placement.SPILLED: 1, Placement.LEAST_LOADED: 1}
+
+    asyncio.run(asyncio.wait_for(run(), 30))
