@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
-from deployments.engine_routing import EngineRouting, RoutingPolicy
+from deployments.engine_routing import EngineRouting
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.errors import APIError
@@ -28,7 +28,7 @@ from detok import AnswerRules, initial_state
 from engine.beam.choices import beam_choice_id
 from sampling.params import SamplingParams
 
-LEAST_LOADED = EngineRouting(RoutingPolicy.LEAST_LOADED)
+LEAST_LOADED = EngineRouting()
 """Where no routing is given (tests with one engine): every request to the least-loaded engine."""
 
 

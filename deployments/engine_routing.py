@@ -59,7 +59,8 @@ class RoutingPolicy(StrEnum):
 class EngineRouting:
     """How an ingress replica picks an engine for a request (see the module's docstring)."""
 
-    policy: RoutingPolicy = RoutingPolicy.PREFIX
+    policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
+    """The server's default too (``engine_routing``): prefix routing is the operator's choice."""
     prefix_tokens: int = 64
     """Tokens the key covers: a whole number of KV blocks, more than any chat template's header."""
     load_slack: int = 4

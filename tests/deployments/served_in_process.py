@@ -107,7 +107,9 @@ class InProcessServer:
         detok = DetokClient(made.tokenizer.tokenizer, None, made.args.inline_detok_threshold, made.args.detok_tokens_per_call)
         engines = [LocalEngineHandle(self.actor)]
         args = made.args
-        client = EngineClient(engines, f"subscriber-{id(made)}", made.encoder, detok, made.metrics, args.stream_interval, args.stream_idle_timeout_s)  # type: ignore[arg-type]
+        client = EngineClient(
+            engines, f"subscriber-{id(made)}", made.encoder, detok, made.metrics, args.stream_interval, args.stream_idle_timeout_s, args.engine_routing_rules()
+        )  # type: ignore[arg-type]
         made.engine_client = asyncio.get_running_loop().create_future()
         made.engine_client.set_result(client)
         return made
