@@ -44,6 +44,9 @@ BIN = Path(sys.executable).parent
 OPTIONS = {"model": "tiny-random", "max_num_seqs": 8, "max_model_len": 256}
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
+EXIT_LINGER_S = 15.0
+"""How long a process of the stopped server may still take to exit once the command has: Ray's ``serve
+run`` returns before every process of its local cluster has (a dashboard process outlived it under load)."""
 SERVE_RUN_PORT = 8000
 """What ``serve run <import path>`` serves on (Ray 2.60 has no option for it)."""
 
@@ -151,7 +154,8 @@ def run_and_ctrl_c(command: list[str], env: dict[str, str], port: int, log: Path
             os.killpg(serving.pid, signal.SIGKILL)
     output = log.read_text(errors="replace")
     assert status == 0 and "Aborted" not in output, tail(log)
-    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] + list(ray_and_haproxy_processes() - before)
+    _, left = psutil.wait_procs([*tree, *(ray_and_haproxy_processes() - before)], timeout=EXIT_LINGER_S)
+    left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, left
 
 
