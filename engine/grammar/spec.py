@@ -58,14 +58,14 @@ def after_free_text(answer: str, end: str, token_tags: frozenset[str] = frozense
     without ``end`` in it), and where its opening tag is one, the thinking may start with that token."""
     top = json.loads(answer) if answer.lstrip().startswith("{") else {"grammars": [{"lark_grammar": answer}]}  # its JSON form, or Lark
     top["grammars"][0]["name"] = "constrained_answer"
-    opening = opening_tag(end)
+    opening, end_is_token = opening_tag(end), lark_token(end, token_tags)
     rules = [
-        f"start: {opening + '?' if opening in token_tags else ''} thinking @constrained_answer",
-        f"thinking: text_thinking{' | FREE_TEXT_WITHOUT_END ' + end if end in token_tags else ''}",
+        f"start: {opening + '?' if lark_token(opening, token_tags) else ''} thinking @constrained_answer",
+        f"thinking: text_thinking{' | FREE_TEXT_WITHOUT_END ' + end if end_is_token else ''}",
         f"text_thinking[lazy]: FREE_TEXT {json.dumps(end)}",
         "FREE_TEXT: /(.|\\n)*/",
     ]
-    if end in token_tags:
+    if end_is_token:
         escaped = re.escape(end).replace("/", "\\/")
         rules.append(f"FREE_TEXT_WITHOUT_END: /(.|\\n)*/ & ~/(.|\\n)*{escaped}(.|\\n)*/")
     top["grammars"].insert(0, {"lark_grammar": "\n".join(rules)})

@@ -18,6 +18,7 @@ from deployments.ingress import Ingress
 from deployments.metrics import IngressMetrics
 from deployments.prompt_encoder import PromptEncoder
 from engine.loader.model_files import load_tokenizer
+from engine.tokenizer import TextTokenizer
 
 WAIT_S = 60.0
 
@@ -76,22 +77,35 @@ class FakeEngineClient:
         return {"choices": len(ids)}
 
 
-def ingress(client: FakeEngineClient, tracer: Tracer | None = None, **options: object) -> Ingress:
-    """An `Ingress` as a replica builds it with ``options``, less Serve and the engines (``tracer``: tracing on)."""
+def replica(
+    model: str = "tiny-random", max_model_len: int = 256, tracer: Tracer | None = None, tokenizer: TextTokenizer | None = None, **options: object
+) -> Ingress:
+    """An `Ingress` as a replica builds it with ``options``, less Serve and its engine client (`attach`
+    gives it one); ``tracer``: tracing on; ``tokenizer``: ``model``'s, where the caller has it loaded."""
     made = object.__new__(Ingress)
     made.tracer = tracer
-    made.args = ServeArgs(model="tiny-random", max_model_len=256, **options)
+    made.args = ServeArgs(model=model, max_model_len=max_model_len, **options)
     made.auth = APIKeyCheck(None)
-    made.tokenizer = load_tokenizer("tiny-random")
+    made.tokenizer = tokenizer or load_tokenizer(model)
     made.encoder = PromptEncoder(made.tokenizer)
     made.metrics = IngressMetrics(made.args.model_name, "test-replica")
-    made.max_model_len = 256
+    made.max_model_len = max_model_len
     made.in_flight = ChoiceReservations()
     made.trust_local_proxy = False
     made.local_addresses = frozenset()
+    return made
+
+
+def attach(made: Ingress, client: object) -> Ingress:
+    """``made`` with ``client`` as its started engine client (on the running loop)."""
     made.engine_client = asyncio.get_running_loop().create_future()
     made.engine_client.set_result(client)
     return made
+
+
+def ingress(client: FakeEngineClient, tracer: Tracer | None = None, **options: object) -> Ingress:
+    """An `Ingress` as a replica builds it with ``options``, in front of ``client`` (``tracer``: tracing on)."""
+    return attach(replica(tracer=tracer, **options), client)
 
 
 def post(path: str, body: dict, peer: str = "127.0.0.1", headers: list[tuple[bytes, bytes]] = ()) -> Request:

@@ -20,17 +20,13 @@ import httpx2
 import openai
 from starlette.requests import Request
 
-from deployments.auth import APIKeyCheck
-from deployments.config import ServeArgs
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineActor
 from deployments.engine_client import EngineClient
-from deployments.in_flight import ChoiceReservations
 from deployments.ingress import Ingress
-from deployments.metrics import IngressMetrics
-from deployments.prompt_encoder import PromptEncoder
 from engine.config import EngineConfig
 from engine.loader.model_files import load_tokenizer
+from tests.deployments.in_process import attach, replica
 
 T = TypeVar("T")
 WAIT_S = 120.0
@@ -93,26 +89,14 @@ class InProcessServer:
         return self.run(self._ingress(options))
 
     async def _ingress(self, options: dict[str, object]) -> Ingress:
-        made = object.__new__(Ingress)
-        made.tracer = None
-        made.args = ServeArgs(model=self.model, max_model_len=self.max_model_len, **options)
-        made.auth = APIKeyCheck(None)
-        made.tokenizer = self.tokenizer
-        made.encoder = PromptEncoder(made.tokenizer)
-        made.metrics = IngressMetrics(made.args.model_name, f"replica-{id(made)}")
-        made.max_model_len = self.max_model_len
-        made.in_flight = ChoiceReservations()
-        made.trust_local_proxy = False
-        made.local_addresses = frozenset()
-        detok = DetokClient(made.tokenizer.tokenizer, None, made.args.inline_detok_threshold, made.args.detok_tokens_per_call)
-        engines = [LocalEngineHandle(self.actor)]
+        made = replica(self.model, self.max_model_len, tokenizer=self.tokenizer, **options)
         args = made.args
+        detok = DetokClient(made.tokenizer.tokenizer, None, args.inline_detok_threshold, args.detok_tokens_per_call)
+        engines = [LocalEngineHandle(self.actor)]
         client = EngineClient(
             engines, f"subscriber-{id(made)}", made.encoder, detok, made.metrics, args.stream_interval, args.stream_idle_timeout_s, args.engine_routing_rules()
         )  # type: ignore[arg-type]
-        made.engine_client = asyncio.get_running_loop().create_future()
-        made.engine_client.set_result(client)
-        return made
+        return attach(made, client)
 
 
 def asgi(ingress: Ingress):
