@@ -41,7 +41,8 @@ stop: install
 
 # `make test` runs the suite in two lanes at once: the tests that start Ray or a server (one at a time,
 # since they share the machine's ports) and the libraries' in-process tests, which fill the time the
-# first lane spends waiting on Ray. The serving lane's output is printed when both have ended.
+# first lane spends waiting on Ray. Each lane's output is printed when it has ended, and last the lines
+# that name what failed (CI keeps only the tail of the output).
 # The libraries lane runs at nice 15, as Ray starts its workers (engines, replicas): at nice 0 it
 # starved them (a multi-node step that takes 28 s alone took 145 s), at 19 it took 32 minutes.
 # The serving lane: the folders and files below, which start Ray, a server or HAProxy; the libraries
@@ -58,9 +59,13 @@ test: install
 	@mkdir -p .cache
 	@$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(SERVING_FILES) $(filter-out tests/e2e,$(SERVING_FOLDERS)) tests/e2e \
 		> .cache/serving-tests.log 2>&1 & serving=$$!; \
-	nice -n 15 $(PY) -m pytest -q --durations=30 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) $(addprefix --ignore=,$(SERVING_FILES)); libraries=$$?; \
+	nice -n 15 $(PY) -m pytest -q --durations=30 tests $(addprefix --ignore=,$(SERVING_FOLDERS)) $(addprefix --ignore=,$(SERVING_FILES)) \
+		> .cache/libraries-tests.log 2>&1; libraries=$$?; \
+	echo "== the libraries lane =="; cat .cache/libraries-tests.log; \
 	wait $$serving; serving_status=$$?; \
 	echo "== the serving lane =="; cat .cache/serving-tests.log; \
+	echo "== what failed (the lanes' summary lines) =="; \
+	grep -hE '^(FAILED|ERROR) |^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' .cache/libraries-tests.log .cache/serving-tests.log; \
 	echo "libraries lane: exit $$libraries; serving lane: exit $$serving_status"; \
 	test $$libraries -eq 0 && test $$serving_status -eq 0
 

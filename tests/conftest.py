@@ -6,12 +6,20 @@ and some test modules import libraries that import triton, so it is set here, be
 any test module is collected.
 
 SIGINT is made to raise ``KeyboardInterrupt`` again where the process started with it ignored (below).
+
+Hypothesis runs without its per-example deadline: `make test` runs its lanes side by side at nice 15
+on a machine Ray's workers share, where an example's time says nothing about the code (a test that
+must be fast is a benchmark). A failing example's reproduction blob is printed, for CI's output.
 """
 
 import os
 import signal
 
 import torch
+from hypothesis import settings
+
+settings.register_profile("spout", deadline=None, print_blob=True)
+settings.load_profile("spout")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
