@@ -73,6 +73,14 @@ def application_running(app_name: str) -> bool:
     return status is not None and status.status != ApplicationStatus.DELETING
 
 
+def app_path(request: Request) -> str:
+    """The request's path under the app's route prefix (``/v1/completions`` of an app served at
+    ``/think`` is asked for as ``/think/v1/completions``): ASGI's ``path`` holds the prefix, which
+    Serve also puts in ``root_path``."""
+    path, prefix = request.url.path, request.scope.get("root_path", "").rstrip("/")
+    return (path[len(prefix) :] or "/") if prefix and (path == prefix or path.startswith(prefix + "/")) else path
+
+
 class Ingress(AgentAPIs, TokenRoutes):
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -120,21 +128,22 @@ class Ingress(AgentAPIs, TokenRoutes):
         )
 
     async def __call__(self, request: Request) -> Response:
-        trace = RequestTrace(self.tracer, request.method, request.url.path, request.headers) if self.tracer is not None else None
+        path = app_path(request)
+        trace = RequestTrace(self.tracer, request.method, path, request.headers) if self.tracer is not None else None
         current_trace.set(trace)  # this request's task only: read where the engine takes the request
         try:
-            response = await self._route(request)
+            response = await self._route(request, path.rstrip("/"))
         except APIError as error:
-            response = self._error_response(request.url.path, error)
+            response = self._error_response(path, error)
         except Exception as error:
-            response = self._error_response(request.url.path, internal_error(error, request.url.path))
+            response = self._error_response(path, internal_error(error, path))
         self.metrics.requests.inc(str(response.status_code))
         if trace is not None:
             trace.answered(response.status_code)
         return response
 
-    async def _route(self, request: Request) -> Response:
-        path, method = request.url.path.rstrip("/"), request.method
+    async def _route(self, request: Request, path: str) -> Response:
+        method = request.method
         routes = {
             "/v1/completions": ("POST", self.completions),
             "/v1/chat/completions": ("POST", self.chat_completions),

@@ -102,10 +102,10 @@ class ServeCluster:
                 else:
                     os.environ[name] = value
 
-    def deploy(self, app: Application, name: str, timeout_s: float = 300) -> int:
-        """Run ``app`` at route ``/``; the port its HTTP requests go to (the replica's own
+    def deploy(self, app: Application, name: str, timeout_s: float = 300, route_prefix: str = "/") -> int:
+        """Run ``app`` at ``route_prefix``; the port its HTTP requests go to (the replica's own
         port where nothing is in front of it, else Serve's port)."""
-        serve.run(app, name=name, route_prefix="/", blocking=False)
+        serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
         return self.direct_port(name, timeout_s) if self.proxy in DIRECT_INGRESS else self.port
 
     def direct_port(self, name: str, timeout_s: float = 300) -> int:

@@ -61,3 +61,19 @@ def test_messages_errors_take_anthropics_shape_and_the_key_comes_as_x_api_key():
     assert status == 200 and counted["input_tokens"] > 0
     status, refused = answer("/v1/responses", {"model": "tiny-random", "input": "hi", "store": True})
     assert status == 400 and refused["error"]["param"] == "store" and set(refused["error"]) == {"message", "type", "param", "code"}
+
+
+def test_routes_are_found_under_the_apps_route_prefix():
+    """An app served at ``/think`` is asked for ``/think/tokenize``: ASGI's path holds the prefix, and
+    Serve puts it in ``root_path`` too; a path that only starts with the prefix's letters is not under it."""
+
+    async def status(path: str, root_path: str) -> int:
+        request = post(path, {"prompt": "hello"})
+        request.scope["root_path"] = root_path
+        return (await ingress(FakeEngineClient())(request)).status_code
+
+    def statuses(*cases: tuple[str, str]) -> list[int]:
+        return [asyncio.run(status(path, root)) for path, root in cases]
+
+    assert statuses(("/think/tokenize", "/think"), ("/think/tokenize/", "/think/"), ("/tokenize", "")) == [200, 200, 200]
+    assert statuses(("/thinker/tokenize", "/think"), ("/tokenize", "/think")) == [404, 200]

@@ -27,9 +27,11 @@ class Server:
     """The ingress replica's own port (direct ingress)."""
     model: str
     api_key: str
+    app: str = "spout"
+    """The Serve application's name."""
 
     def engine(self, index: int = 0):
-        return app_engine("spout", index)
+        return app_engine(self.app, index)
 
     def http(self, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"}
@@ -43,26 +45,32 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
-    """Served as ``make run`` serves (`deployments.launch`): HAProxy on Serve's port in front of
-    the throughput-optimized ingress replica, which serves HTTP itself (direct ingress); the
-    tests talk to Serve's port, on loopback."""
+def cluster() -> Iterator[ServeCluster]:
+    """Ray and Serve on loopback, set up as ``make run`` sets them up (`deployments.launch`): HAProxy on
+    Serve's port in front of throughput-optimized ingress replicas, which serve HTTP themselves
+    (direct ingress). Shut down at the session's end."""
     with ServeCluster(DEFAULT_PROXY) as cluster:
-        app = build_app(
-            {
-                "model": MODEL,
-                "max_num_seqs": 32,
-                "max_model_len": 1024,
-                "api_key": API_KEY,
-                "inline_detok_threshold": 8,
-                "detok_min_replicas": 1,
-                "max_client_speculative_tokens": 16,
-                "max_allowed_token_ids": 4096,  # under the body limit, so the hostile suite can go over it
-                "max_constrained_rows": 16,  # half the rows: constrained floods leave room for the others
-            }
-        )
-        port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
-        base_url = f"http://127.0.0.1:{port}"
-        direct_url = f"http://127.0.0.1:{cluster.direct_port('spout')}"
-        wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
-        yield Server(base_url=base_url, direct_url=direct_url, model=MODEL, api_key=API_KEY)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def server(cluster: ServeCluster) -> Iterator[Server]:
+    """The default model's app at route ``/``; the tests talk to Serve's port, on loopback."""
+    app = build_app(
+        {
+            "model": MODEL,
+            "max_num_seqs": 32,
+            "max_model_len": 1024,
+            "api_key": API_KEY,
+            "inline_detok_threshold": 8,
+            "detok_min_replicas": 1,
+            "max_client_speculative_tokens": 16,
+            "max_allowed_token_ids": 4096,  # under the body limit, so the hostile suite can go over it
+            "max_constrained_rows": 16,  # half the rows: constrained floods leave room for the others
+        }
+    )
+    port = cluster.deploy(app, "spout", timeout_s=STARTUP_TIMEOUT_S)
+    base_url = f"http://127.0.0.1:{port}"
+    direct_url = f"http://127.0.0.1:{cluster.direct_port('spout')}"
+    wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
+    yield Server(base_url=base_url, direct_url=direct_url, model=MODEL, api_key=API_KEY)
