@@ -79,8 +79,9 @@ class ServeArgs(RequestLimits):
     engine_routing: Literal["prefix", "least_loaded"] = Field(
         "least_loaded",
         description="Which engine a request goes to. least_loaded: the engine with the fewest live choices. prefix: prompts that start with the "
-        "same engine_routing_prefix_tokens tokens go to the same engine (its prefix cache holds them), unless it runs more than the load slack "
-        "above the least-loaded one; shorter prompts go to the least-loaded engine. For prompts that share long prefixes (see docs/deployment.md).",
+        "same engine_routing_prefix_tokens tokens go to the same engine (its prefix cache holds them; the least-loaded one when the replica "
+        "first sees them), unless it runs more than the load slack above the least-loaded one; shorter prompts go to the least-loaded engine. "
+        "For prompts that share long prefixes (see docs/deployment.md).",
     )
     engine_routing_prefix_tokens: int = Field(
         64,

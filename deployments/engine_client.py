@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
-from deployments.engine_routing import EngineRouting
+from deployments.engine_routing import EngineRouting, KeyHomes
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
 from deployments.openai.errors import APIError
@@ -67,6 +67,7 @@ class EngineClient:
     ) -> None:
         self.engines = engines
         self.routing = routing
+        self.key_homes = KeyHomes()
         self.stream_interval = stream_interval
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.subscriber = subscriber
@@ -112,7 +113,7 @@ class EngineClient:
         up = [i for i in range(len(live)) if i not in down]
         if not up:
             raise APIError(503, ENGINE_FAILED, code="engine_failed")
-        pick = self.routing.pick(prompt, live, up)
+        pick = self.routing.pick(prompt, live, up, self.key_homes)
         self.metrics.routing.inc(pick.placement)
         return pick.engine
 

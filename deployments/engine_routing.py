@@ -1,8 +1,8 @@
 """`EngineRouting`: which engine a new request goes to, by its prompt's prefix and the engines' load.
 
-No Ray and no shared state: every ingress replica computes the same answer from the prompt alone,
-so requests that start with the same tokens meet on the same engine, whose prefix cache then holds
-their common blocks, whichever replica took them.
+No Ray and no state shared between ingress replicas: requests that start with the same tokens meet
+on the same engine, whose prefix cache then holds their common blocks; replicas agree on it from the
+prompt alone while the loads are even, and each keeps a bounded memory of where it sent its keys.
 
 - The key is a hash (blake2b) of the prompt's first ``prefix_tokens`` token ids, a whole number of
   KV blocks. Only a prompt with more than that many tokens has a key (the engine reuses every
@@ -12,32 +12,44 @@ their common blocks, whichever replica took them.
   so short prompts keyed by their few blocks would all share a key and pile onto one engine; and
   a conversation keeps its key as it grows turn by turn, so each turn finds the last one's blocks.
 - The engines that are up are ranked for the key by rendezvous (highest-random-weight) hashing:
-  each engine's score is a hash of (key, engine index), highest first. An engine that goes down
-  moves only the keys it ranked first; every other key keeps its engine.
-- The request goes to the first engine in that ranking whose load (live choices) is within the
-  slack of the least-loaded engine's: ``load_slack`` choices more, or ``load_slack_fraction`` more
-  in proportion, whichever is larger. An overloaded engine is never chosen for its cache; its keys
-  spill to their second-ranked engine, which then caches them too (a hot prefix spreads as it grows).
+  each engine's score is a hash of (key, engine index), highest first. The ranking breaks ties for
+  a new key and orders where a key spills; an engine that goes down moves only the keys whose home
+  it was, every other key keeps its engine.
+- A key the replica has not seen (in its `KeyHomes`, a bounded memory of recent keys) goes to the
+  least-loaded engine, the ranking breaking ties, which becomes the key's home: a prompt that shares
+  nothing is then placed as the least-loaded policy places it (keyed placement alone spread such
+  prompts at random within the slack, and cost them time to first token). With equal loads every
+  replica gives a new key the same home, its ranking's first engine.
+- A key seen before goes to its home while the home's load (live choices) is within the slack of
+  the least-loaded engine's: ``load_slack`` choices more, or ``load_slack_fraction`` more in
+  proportion, whichever is larger. An overloaded home is never chosen for its cache; the key spills
+  to the next engine of its ranking within the slack, which then caches it too (a hot prefix spreads
+  as it grows), and comes back home when the load evens out. A key whose home is down is new again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 KEY_BYTES = 8
+KEY_HOMES_CAPACITY = 16384
+"""Keys a replica remembers the home of (the least recently routed are forgotten): about 1.6 MB."""
 
 
 class Placement(StrEnum):
     """How a request's engine was chosen (the ``placement`` label of ``spout:engine_routing_total``)."""
 
     AFFINITY = "affinity"
-    """The first engine of its key's ranking."""
+    """Its key's home: where the replica sent the key first."""
     SPILLED = "spilled"
-    """A later engine of the ranking: those before it ran past the load slack."""
+    """Another engine of its key's ranking: the home ran past the load slack."""
+    NEW_KEY = "new_key"
+    """A key the replica had not seen: the least-loaded engine, now the key's home."""
     LEAST_LOADED = "least_loaded"
     """No key (a short prompt), or the least-loaded policy."""
 
@@ -53,6 +65,27 @@ class RoutingPolicy(StrEnum):
     """By the prompt's prefix (rendezvous ranking), within the load slack; least-loaded without a key."""
     LEAST_LOADED = "least_loaded"
     """The engine with the fewest live choices, whatever the prompt."""
+
+
+class KeyHomes:
+    """One replica's memory of each recent key's home engine: at most ``capacity`` keys, the least
+    recently routed forgotten first (a forgotten key is new again)."""
+
+    def __init__(self, capacity: int = KEY_HOMES_CAPACITY) -> None:
+        self.capacity = capacity
+        self.homes: OrderedDict[bytes, int] = OrderedDict()
+
+    def get(self, key: bytes) -> int | None:
+        home = self.homes.get(key)
+        if home is not None:
+            self.homes.move_to_end(key)
+        return home
+
+    def set(self, key: bytes, engine: int) -> None:
+        self.homes[key] = engine
+        self.homes.move_to_end(key)
+        if len(self.homes) > self.capacity:
+            self.homes.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -81,19 +114,26 @@ class EngineRouting:
         ids = struct.pack(f"<{self.prefix_tokens}I", *prompt[: self.prefix_tokens])
         return hashlib.blake2b(ids, digest_size=KEY_BYTES).digest()
 
-    def pick(self, prompt: Sequence[int], live: Sequence[int], up: Sequence[int]) -> Pick:
+    def pick(self, prompt: Sequence[int], live: Sequence[int], up: Sequence[int], homes: KeyHomes) -> Pick:
         """The engine for a request with ``prompt``, and how it was chosen: ``live[i]`` is engine i's
-        live choices, ``up`` the indices of the engines that are up (at least one)."""
+        live choices, ``up`` the indices of the engines that are up (at least one), ``homes`` the
+        replica's memory of its keys' homes (updated here)."""
         if not up:
             raise ValueError("no engine is up")
         least = min(up, key=live.__getitem__)
         key = self.prefix_key(prompt)
         if key is None:
             return Pick(least, Placement.LEAST_LOADED)
-        bound = live[least] + max(self.load_slack, self.load_slack_fraction * live[least])
         ranking = rendezvous_ranking(key, up)
-        engine = next(engine for engine in ranking if live[engine] <= bound)
-        return Pick(engine, Placement.AFFINITY if engine == ranking[0] else Placement.SPILLED)
+        home = homes.get(key)
+        if home is None or home not in up:
+            home = next(engine for engine in ranking if live[engine] == live[least])
+            homes.set(key, home)
+            return Pick(home, Placement.NEW_KEY)
+        bound = live[least] + max(self.load_slack, self.load_slack_fraction * live[least])
+        if live[home] <= bound:
+            return Pick(home, Placement.AFFINITY)
+        return Pick(next(engine for engine in ranking if live[engine] <= bound), Placement.SPILLED)
 
 
 def rendezvous_ranking(key: bytes, engines: Sequence[int]) -> list[int]:

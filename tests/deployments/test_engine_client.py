@@ -213,13 +213,13 @@ def test_prompts_that_share_a_prefix_meet_on_one_engine_within_the_load_slack():
         for question in ("Why?", "How?", "When?", "Where?"):
             submission = await client.submit(fmt, [shared + TOKENIZER.encode(question)], SamplingParams(), echo=False)
             placed.append(submission.streams[0].engine_index)
-        home = placed[0]
-        assert placed[:3] == [home] * 3  # 0, 1, then 2 choices above the others: within the slack
+        home = placed[0]  # a new key: the least-loaded engine (all are at 0), now its home
+        assert placed[:3] == [home] * 3  # 1, then 2 choices above the others: within the slack
         assert placed[3] != home  # 3 above: the prompt's next engine
         short = await client.submit(fmt, [TOKENIZER.encode("Hi")], SamplingParams(), echo=False)
         assert short.streams[0].engine_index not in placed  # no key: the least-loaded engine
         labels = {"model_name": "tiny-random", "replica": "test-replica"}
         counted = {p: client.metrics.registry.get_sample_value("spout:engine_routing_total", labels | {"placement": p}) for p in Placement}
-        assert counted == {Placement.AFFINITY: 3, Placement.SPILLED: 1, Placement.LEAST_LOADED: 1}
+        assert counted == {Placement.NEW_KEY: 1, Placement.AFFINITY: 2, Placement.SPILLED: 1, Placement.LEAST_LOADED: 1}
 
     asyncio.run(asyncio.wait_for(run(), 30))
