@@ -67,13 +67,14 @@ def test_routes_are_found_under_the_apps_route_prefix():
     """An app served at ``/think`` is asked for ``/think/tokenize``: ASGI's path holds the prefix, and
     Serve puts it in ``root_path`` too; a path that only starts with the prefix's letters is not under it."""
 
-    async def status(path: str, root_path: str) -> int:
-        request = post(path, {"prompt": "hello"})
-        request.scope["root_path"] = root_path
-        return (await ingress(FakeEngineClient())(request)).status_code
+    async def statuses(*cases: tuple[str, str]) -> list[int]:
+        made, answered = ingress(FakeEngineClient()), []
+        for path, root_path in cases:
+            request = post(path, {"prompt": "hello"})
+            request.scope["root_path"] = root_path
+            answered.append((await made(request)).status_code)
+        return answered
 
-    def statuses(*cases: tuple[str, str]) -> list[int]:
-        return [asyncio.run(status(path, root)) for path, root in cases]
-
-    assert statuses(("/think/tokenize", "/think"), ("/think/tokenize/", "/think/"), ("/tokenize", "")) == [200, 200, 200]
-    assert statuses(("/thinker/tokenize", "/think"), ("/tokenize", "/think")) == [404, 200]
+    under = asyncio.run(statuses(("/think/tokenize", "/think"), ("/think/tokenize/", "/think/"), ("/tokenize", "")))
+    assert under == [200, 200, 200]
+    assert asyncio.run(statuses(("/thinker/tokenize", "/think"), ("/tokenize", "/think"))) == [404, 200]
