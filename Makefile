@@ -71,7 +71,7 @@ test: install
 	wait $$serving; serving_status=$$?; \
 	echo "== the serving lane =="; cat .cache/serving-tests.log; \
 	echo "== what failed (the lanes' summary lines) =="; \
-	grep -hE '^(FAILED|ERROR) |^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' .cache/libraries-tests.log .cache/serving-tests.log; \
+	grep -hE '^(FAILED|ERROR) |^[0-9]+ (passed|failed|errors?|skipped)|^Interrupted|^=+ .*(passed|failed|error)' .cache/libraries-tests.log .cache/serving-tests.log; \
 	echo "libraries lane: exit $$libraries; serving lane: exit $$serving_status"; \
 	test $$libraries -eq 0 && test $$serving_status -eq 0
 
