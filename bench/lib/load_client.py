@@ -25,7 +25,9 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request other
 
 @dataclass
 class StreamResult:
-    """One stream as the client saw it; ``gaps_s`` are the waits between frames that carried text."""
+    """One stream as the client saw it; ``gaps_s`` are the waits between frames that carried text,
+    ``done`` whether ``data: [DONE]`` came, ``error`` what failed it (an error frame's message, a
+    transport error), if anything did."""
 
     text: str = ""
     tokens: int = 0
@@ -33,6 +35,8 @@ class StreamResult:
     ttft_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     failed: bool = False
+    done: bool = False
+    error: str = ""
 
 
 def completion_body(model: str, index: int, max_tokens: int, stream: bool) -> dict:
@@ -90,6 +94,7 @@ def _on_chunk(result: StreamResult, chunk: dict, started: float, last: float) ->
     """Fold one parsed SSE chunk into ``result``; returns the time of the last frame with text."""
     if "error" in chunk:
         result.failed = True
+        result.error = str(chunk["error"].get("message", chunk["error"]) if isinstance(chunk["error"], dict) else chunk["error"])
         return last
     if chunk.get("usage"):
         result.tokens = chunk["usage"]["completion_tokens"]
@@ -139,9 +144,14 @@ async def stream_one_httpx(client: httpx.AsyncClient, body: dict) -> StreamResul
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
                     last = _on_chunk(result, json.loads(line[6:]), started, last)
+                elif line == "data: [DONE]":
+                    result.done = True
         result.failed = result.failed or response.status_code != 200 or result.tokens == 0
-    except (httpx.HTTPError, ValueError):
+        if response.status_code != 200 and not result.error:
+            result.error = f"HTTP {response.status_code}"
+    except (httpx.HTTPError, ValueError) as error:
         result.failed = True
+        result.error = f"{type(error).__name__}: {error}"
     return result
 
 

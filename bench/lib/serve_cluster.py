@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.context import _get_global_client
+from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 
 from deployments.driver import direct_ingress_ports
 from deployments.engine_placement import kill_engines
@@ -74,12 +76,13 @@ def free_port() -> int:
 
 
 class ServeCluster:
-    """``with ServeCluster("direct") as cluster: port = cluster.deploy(app, "spout")``."""
+    """``with ServeCluster("direct") as cluster: port = cluster.deploy(app, "spout")``; ``env`` overrides
+    the variables the cluster's processes start with (`COMMON_ENV`'s included)."""
 
-    def __init__(self, proxy: str) -> None:
+    def __init__(self, proxy: str, env: dict[str, str] | None = None) -> None:
         self.proxy = proxy
         haproxy_ports = {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
-        self.env = PROXY_OPTIONS[proxy] | COMMON_ENV | haproxy_ports
+        self.env = PROXY_OPTIONS[proxy] | COMMON_ENV | haproxy_ports | (env or {})
         self.port = free_port()
         self.saved_env: dict[str, str | None] = {}
 
@@ -107,6 +110,15 @@ class ServeCluster:
         port where nothing is in front of it, else Serve's port)."""
         serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
         return self.direct_port(name, timeout_s) if self.proxy in DIRECT_INGRESS else self.port
+
+    def deploy_config(self, name: str, args: dict[str, str], deployments: list[dict[str, object]], import_path: str = "deployments:build_app") -> int:
+        """Run ``import_path`` built with ``args`` at ``/`` as ``serve deploy`` does (Serve's declarative
+        API: the controller builds the app; ``deployments`` override each deployment's options); the
+        port its HTTP requests go to. A later call with the same ``args`` and other replica counts in
+        ``deployments`` is a lightweight update: Serve adds or stops replicas, and keeps the others."""
+        app = ServeApplicationSchema(name=name, route_prefix="/", import_path=import_path, args=args, deployments=deployments)
+        _get_global_client().deploy_apps(ServeDeploySchema(applications=[app]))
+        return self.port
 
     def direct_port(self, name: str, timeout_s: float = 300) -> int:
         """The first ingress replica's own HTTP port (under an option with direct ingress)."""
@@ -154,9 +166,17 @@ class ReplicaWatcher:
 
     def replicas(self) -> tuple[int, int]:
         """(running, all) replicas of the deployment; all counts starting and stopping ones."""
-        app = serve.status().applications.get(self.app)
-        states = app.deployments[self.deployment].replica_states if app and self.deployment in app.deployments else {}
+        states = self.states()
         return states.get("RUNNING", 0), sum(states.values())
+
+    def states(self) -> dict[str, int]:
+        """The deployment's replicas by state (``RUNNING``, ``STARTING``, ``STOPPING``, ...), from ``serve.status()``."""
+        app = serve.status().applications.get(self.app)
+        return (
+            {getattr(k, "value", k): v for k, v in app.deployments[self.deployment].replica_states.items()}
+            if app and self.deployment in app.deployments
+            else {}
+        )
 
     def _run(self) -> None:
         last: tuple[int, int, str] | None = None
