@@ -75,7 +75,7 @@ def base_environment(ray_dir: str) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in FAST_PATH_ENV} | {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 
 
-def config_copy(folder: Path, options: dict[str, str], port: int) -> Path:
+def config_copy(folder: Path, options: dict[str, object], port: int) -> Path:
     """serve_config.yaml with ``options`` and ``port``."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port

@@ -33,6 +33,7 @@ import psutil
 import pytest
 import yaml
 
+from bench.entry_points import config_copy
 from bench.lib.serve_cluster import free_port
 from deployments.fast_path import FAST_PATH_ENV, enable_for_serve_run, fast_path_warning, is_serve_run
 from deployments.processes import LAUNCH_ENV as MARK_ENV
@@ -126,16 +127,6 @@ def documented_serve_run_environment() -> dict[str, str]:
     return dict(word.split("=", 1) for word in words)
 
 
-def serve_config_copy(folder: Path, port: int) -> Path:
-    """serve_config.yaml with `OPTIONS` and ``port``."""
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = port
-    config["applications"][0]["args"].update(OPTIONS)
-    path = folder / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def run_and_ctrl_c(command: list[str], env: dict[str, str], port: int, log: Path) -> None:
     """Start ``command`` in a process group of its own (a terminal's job: Ctrl-C goes to all of it),
     check HAProxy answers on ``port``, Ctrl-C it: status 0, no "Aborted", nothing of it left."""
@@ -181,7 +172,7 @@ def test_serve_run_of_the_config_with_its_documented_environment_serves_through_
     assert documented == FAST_PATH_ENV
     port = free_port()
     env = local_environment(ray_dir) | documented
-    run_and_ctrl_c([str(BIN / "serve"), "run", str(serve_config_copy(tmp_path, port))], env, port, tmp_path / "serve_run.log")
+    run_and_ctrl_c([str(BIN / "serve"), "run", str(config_copy(tmp_path, OPTIONS, port))], env, port, tmp_path / "serve_run.log")
 
 
 @pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
@@ -200,7 +191,7 @@ def test_serve_deploy_on_a_cluster_started_as_cluster_yaml_serves_through_haprox
     )
     env.pop("RAY_ADDRESS", None)
     port, dashboard = free_port(), free_port()
-    config = serve_config_copy(tmp_path, port)
+    config = config_copy(tmp_path, OPTIONS, port)
     log = tmp_path / "cluster.log"
     try:
         with log.open("ab") as out:
