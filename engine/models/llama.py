@@ -16,15 +16,18 @@ ARGMAX_VOCAB_CHUNK = 4096
 
 
 class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, by torch's fused ``rms_norm``
+    (bit for bit the float32 formula written out in ops, at a third of the time for one token:
+    tests/engine/test_llama_layers.py)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        """x: [T, hidden] -> [T, hidden]."""
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Attention(nn.Module):
