@@ -1,12 +1,13 @@
 // y[T, N] = x[T, K] @ W[N, K]^T for W stored as GGUF 4-bit or 8-bit blocks of 32 weights,
 // dequantized on the fly with float32 activations (see engine/models/quant_linear.py).
 //
-// Each row tile of ROWS weight rows is dequantized into a float32 buffer (exactly the values
-// gguf's dequantize gives: d*q is exact in float32, one rounding for + m), then every token of
-// the current token block is multiplied with it. Every output y[t, n] is the same sum in the
-// same order whatever T and whatever tile the token falls in: LANES partial sums over
-// k = LANES*j + lane in order of j, then the lanes added in order. So a row's output does not
-// depend on the other rows of the batch.
+// Each row tile of ROWS weight rows is dequantized into float32 (exactly the values gguf's
+// dequantize gives: d*q is exact in float32, one rounding for + m): for up to TOKENS tokens block
+// by block in registers (`fused_tile`), for more once into a row buffer that every token of the
+// current token block is multiplied with (`tile`). Every output y[t, n] is the same sum in the
+// same order whatever T, whichever path and whatever tile the token falls in: LANES partial sums
+// over k = LANES*j + lane in order of j, then the lanes added in order. So a row's output does
+// not depend on the other rows of the batch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
