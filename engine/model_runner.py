@@ -15,6 +15,7 @@ from engine.beam.search import Candidates
 from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
+from engine.host_allocator import keep_freed_memory
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
@@ -82,6 +83,7 @@ class ModelRunner:
         self.device, self.dtype = resolve_device(config)
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpu_threads or len(os.sched_getaffinity(0)))
+            keep_freed_memory()
         torch.manual_seed(config.seed)
         with torch.device(self.device):  # built where it runs: an 8B model would not fit twice in host memory
             model = LlamaForCausalLM(checkpoint.config, max_positions=config.max_model_len)
