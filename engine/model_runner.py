@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
 from engine.host_allocator import keep_freed_memory
+from engine.kernels import paged_attention
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
@@ -103,8 +104,9 @@ class ModelRunner:
         # only needs their argmax takes it from the lm_head in vocabulary chunks (on CUDA they are cheap).
         self.fuse_argmax = self.device.type == "cpu"
         self.pinned = self.device.type == "cuda"
-        # Decode attention reads the paged cache in a Triton kernel on CUDA; elsewhere blocks are gathered for SDPA.
-        self.paged_decode_kernel = self.device.type == "cuda"
+        # Decode attention reads the paged cache in a kernel: Triton on CUDA, C++ on the CPU in float32
+        # where it builds (`engine.kernels.paged_attention`); elsewhere blocks are gathered for SDPA.
+        self.paged_decode_kernel = self.device.type == "cuda" or paged_attention.can_decode(self.device, self.dtype, checkpoint.config.head_dim)
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 

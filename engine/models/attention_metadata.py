@@ -33,8 +33,8 @@ class AttentionGroup:
 class AttentionMetadata:
     """blocks, offsets, positions: [T] int64, the cache block, the offset in it and the position of each flat token.
 
-    decode_kernel: decode groups (one query per sequence) run the Triton paged-attention kernel
-    instead of gathering their blocks for SDPA.
+    decode_kernel: decode groups (one query per sequence) run a paged-attention kernel (Triton on
+    CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
     """
 
     blocks: torch.Tensor

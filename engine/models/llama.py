@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.kernels import paged_attention
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.quant_linear import QuantizedWeight
 from engine.models.rope import RotaryEmbedding
@@ -62,14 +63,26 @@ class Attention(nn.Module):
         for group in meta.groups:
             if meta.decode_kernel and group.token_index.shape[1] == 1:
                 rows = group.token_index[:, 0]
-                out[rows] = triton_decode_attention(q[rows], key_cache, value_cache, group)
+                out[rows] = decode_attention(q[rows], key_cache, value_cache, group)
                 continue
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
-            keys = gather_blocks(key_cache, group.block_tables, group.kv_len)
-            values = gather_blocks(value_cache, group.block_tables, group.kv_len)
-            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
-            out[group.token_index] = attended.transpose(1, 2)
+            out[group.token_index] = gather_attention(queries, key_cache, value_cache, group).transpose(1, 2)
         return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+def gather_attention(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """queries: [B, H, Q, D] of a group -> [B, H, Q, D]: its sequences' blocks gathered, masked, SDPA."""
+    keys = gather_blocks(key_cache, group.block_tables, group.kv_len)
+    values = gather_blocks(value_cache, group.block_tables, group.kv_len)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
+
+
+def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D]: the C++ kernel on the CPU
+    (float32; `engine.kernels.paged_attention`), the Triton kernel on CUDA."""
+    if q.device.type == "cpu":
+        return paged_attention.paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
+    return triton_decode_attention(q, key_cache, value_cache, group)
 
 
 def triton_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Decode graphs' buckets, padding and replay bookkeeping: with CUDA graphs on a GPU, and on the CPU
-with `eager_capture` standing in for them (the paged-attention kernel then runs under the Triton
-interpreter). `make gpu-check` also compares greedy tokens with and without graphs on a GPU."""
+with `eager_capture` standing in for them (decode attention then runs in the C++ kernel,
+`engine.kernels.paged_attention`). `make gpu-check` also compares greedy tokens with and without graphs on a GPU."""
 
 from __future__ import annotations
 

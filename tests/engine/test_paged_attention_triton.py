@@ -39,7 +39,7 @@ def test_kernel_matches_the_gather_path(num_heads, num_kv_heads):
 
 def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, monkeypatch):
     from engine.model_runner import ModelRunner
-    from engine.models import paged_attention_triton
+    from engine.models import llama, paged_attention_triton
 
     init, kernel = ModelRunner.__init__, paged_attention_triton.paged_decode_attention
     calls = []
@@ -53,6 +53,7 @@ def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, mon
         return kernel(q, *args)
 
     monkeypatch.setattr(ModelRunner, "__init__", with_kernel)
+    monkeypatch.setattr(llama, "decode_attention", llama.triton_decode_attention)  # the Triton kernel on the CPU too
     monkeypatch.setattr(paged_attention_triton, "paged_decode_attention", counted_kernel)
     _, outputs = run_mixed(tiny_checkpoint)
     assert outputs == PRE_PAGING_TOKENS
