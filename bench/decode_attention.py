@@ -1,25 +1,30 @@
 """Decode step time with and without the CPU paged-attention kernel, in one process.
 
-``python -m bench.decode_attention [--batches 1 16 64 256] [--prompt-len 64] [--repeats 10] [--threads 1] [--attention-lens 72 512]``
+``python -m bench.decode_attention [--batches 1 16 64 256] [--prompt-len 64] [--repeats 10] [--threads 1] [--attention-lens 72 512] [--out PATH]``
 fills the engine (the default model, float32 on the CPU) with ``batch`` greedy requests of
 ``prompt-len`` random tokens, runs their prefill steps, then times decode-only steps with the
 model runner's ``paged_decode_kernel`` on and off, interleaved (this machine's timings vary up to
 2x between processes, so both variants are measured in one process, each repeat one step of
-each, in alternating order), and prints the min over repeats per variant, ms per step, of wall time and of the process's
-CPU time (which a loaded machine inflates less). Each toggled step's tokens are
+each, in alternating order), and reports the min over repeats per variant, ms per step, of wall
+time and of the process's CPU time (which a loaded machine inflates less). Each toggled step's tokens are
 appended as usual, so later repeats attend a few positions more. Then the decode attention alone
 (every layer, on the engine's cache, random blocks) at ``attention-lens`` positions, the part
-of the step the kernel replaces, measured the same way.
+of the step the kernel replaces, measured the same way. Prints a table and writes
+bench/results/decode_attention.json (rows: part, batch, positions, kernel_ms, gather_sdpa_ms and
+the CPU ms of the steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
+from pathlib import Path
 
 import torch
 
+from bench.lib.common import print_table, quietness, write_results
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import load_checkpoint
@@ -82,27 +87,51 @@ def attention_ms(engine: EngineCore, batch: int, seq_len: int, repeats: int) -> 
     return {name: 1000 * min(values) for name, values in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--attention-lens", type=int, nargs="+", default=[72, 512])
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/decode_attention.json)")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     config = EngineConfig(model=DEFAULT_MODEL, dtype="float32", device="cpu", cpu_threads=args.threads, max_num_seqs=max(args.batches))
     engine = EngineCore(config, load_checkpoint(DEFAULT_MODEL))
     assert engine.runner.paged_decode_kernel, "the kernel is not built here"
-    print(f"{DEFAULT_MODEL}, float32, {torch.get_num_threads()} thread(s), prompts of {args.prompt_len} tokens, min of {args.repeats} interleaved decode steps")
-    print("batch  wall ms kernel / sdpa  CPU ms kernel / sdpa")
+    print(f"{DEFAULT_MODEL}, float32, {torch.get_num_threads()} thread(s), prompts of {args.prompt_len} tokens, min of {args.repeats} interleaved repeats")
+    rows: list[dict[str, object]] = []
     for batch in args.batches:
         r = measure(engine, batch, args.prompt_len, args.repeats)
-        print(f"{batch:5d}  {r['kernel wall']:8.1f} / {r['sdpa wall']:6.1f}  {r['kernel cpu']:8.1f} / {r['sdpa cpu']:6.1f}", flush=True)
-    print(f"decode attention alone, all {engine.runner.model.config.num_layers} layers, ms kernel / sdpa")
-    print("batch" + "".join(f"  {seq_len:>4d} positions" for seq_len in args.attention_lens))
+        rows.append(
+            {
+                "part": "decode step",
+                "batch": batch,
+                "positions": None,
+                "kernel_ms": r["kernel wall"],
+                "gather_sdpa_ms": r["sdpa wall"],
+                "kernel_cpu_ms": r["kernel cpu"],
+                "gather_sdpa_cpu_ms": r["sdpa cpu"],
+            }
+        )
     for batch in args.batches:
-        cells = [attention_ms(engine, batch, seq_len, args.repeats) for seq_len in args.attention_lens]
-        print(f"{batch:5d}" + "".join(f"  {cell['kernel']:6.1f} / {cell['sdpa']:5.1f}" for cell in cells), flush=True)
+        for seq_len in args.attention_lens:
+            cell = attention_ms(engine, batch, seq_len, args.repeats)
+            rows.append(
+                {
+                    "part": f"attention, {engine.runner.model.config.num_layers} layers",
+                    "batch": batch,
+                    "positions": seq_len,
+                    "kernel_ms": cell["kernel"],
+                    "gather_sdpa_ms": cell["sdpa"],
+                    "kernel_cpu_ms": None,
+                    "gather_sdpa_cpu_ms": None,
+                }
+            )
+    print_table(rows)
+    extra = {"model": DEFAULT_MODEL, "threads": torch.get_num_threads(), "prompt_len": args.prompt_len, "repeats": args.repeats, **quietness(load_before)}
+    print("wrote", write_results("decode_attention", rows, args.out, **extra))
 
 
 if __name__ == "__main__":
