@@ -4,7 +4,8 @@ torch on the CPU takes every tensor from ``malloc``. glibc serves blocks above i
 (128 KiB at start, raised up to 32 MiB as such blocks are freed) with a fresh ``mmap`` and trims
 the heap's free top back to the system: a prefill step's intermediates ([512, 1536] float32 is
 3 MiB) then come back as new pages, each one faulted in and zeroed by the kernel. Measured on
-the default model, one thread, three prefills of 32 prompts of 128 tokens each in separate processes: about a million minor faults and 1.1-2.4 s of system time per 4,096
+the default model, one thread, three prefills of 32 prompts of 128 tokens each in separate processes
+(a llama.cpp build at nice 19 sharing the cores): about a million minor faults and 1.1-2.4 s of system time per 4,096
 prompt tokens, 13-17.5 s in all, against no faults and 11.2-14.2 s with the settings below.
 Whether the faults happen depends on the sizes a process has freed before, so they come and go
 between runs; these settings leave only the fast case (tests/engine/test_host_allocator.py).
