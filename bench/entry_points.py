@@ -97,17 +97,22 @@ def entry_points(folder: Path, scratch: Path, ray_dir: str) -> list[EntryPoint]:
     ]
 
 
+def answers_a_completion(port: int, model: str) -> bool:
+    """Whether a two-token completion of ``model`` on loopback ``port`` comes back with 200."""
+    body = {"model": model, "prompt": "hello", "max_tokens": 2}
+    try:
+        return httpx.post(f"http://{HOST}:{port}/v1/completions", json=body, timeout=60).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_answering(entry: EntryPoint, serving: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
-    body = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
     while time.monotonic() < deadline:
         if serving.poll() is not None:
             raise RuntimeError(f"{entry.name} exited with {serving.returncode}; see {log}")
-        try:
-            if httpx.post(f"http://{HOST}:{entry.port}/v1/completions", json=body, timeout=60).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if answers_a_completion(entry.port, SERVED_NAME):
+            return
         time.sleep(1)
     raise RuntimeError(f"{entry.name} did not answer on port {entry.port} within {START_TIMEOUT_S:.0f} s; see {log}")
 

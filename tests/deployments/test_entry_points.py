@@ -28,12 +28,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 import yaml
 
-from bench.entry_points import config_copy
+from bench.entry_points import answers_a_completion, config_copy
 from bench.lib.serve_cluster import free_port
 from deployments.fast_path import FAST_PATH_ENV, enable_for_serve_run, fast_path_warning, is_serve_run
 from deployments.processes import LAUNCH_ENV as MARK_ENV
@@ -104,15 +103,11 @@ def front_processes(port: int) -> set[str]:
 def wait_answering(port: int, what: subprocess.Popen | None, log: Path) -> None:
     """Until a completion is answered on ``port`` (``what`` still running, if given)."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    body = {"model": "tiny-random", "prompt": "hello", "max_tokens": 2}
     while True:
         assert what is None or what.poll() is None, f"exited with {what.returncode}:\n{tail(log)}"
         assert time.monotonic() < deadline, f"no answer on port {port} after {START_TIMEOUT_S:.0f} s:\n{tail(log)}"
-        try:
-            if httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if answers_a_completion(port, "tiny-random"):
+            return
         time.sleep(1)
 
 
