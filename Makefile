@@ -27,10 +27,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The CPU engine's kernels (engine/kernels): minutes the first time; without a C++ compiler they are
-# skipped and the engine dequantizes the weights and gathers the KV blocks for SDPA instead.
-$(KERNELS): $(STAMP) engine/kernels/build.py engine/kernels/quant_matmul.cpp engine/kernels/quant_matmul.py engine/kernels/paged_attention.cpp engine/kernels/paged_attention.py
+# skipped and the engine dequantizes the weights, gathers the KV blocks for SDPA and rotates with torch instead.
+$(KERNELS): $(STAMP) engine/kernels/build.py $(wildcard engine/kernels/*.cpp) engine/kernels/quant_matmul.py engine/kernels/paged_attention.py engine/kernels/rope_cache.py
 	$(PY) -m engine.kernels.quant_matmul
 	$(PY) -m engine.kernels.paged_attention
+	$(PY) -m engine.kernels.rope_cache
 	mkdir -p $(dir $@) && touch $@
 
 run: install

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import paged_attention
+from engine.kernels import paged_attention, rope_cache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.quant_linear import QuantizedWeight
 from engine.models.rope import RotaryEmbedding
@@ -54,9 +54,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, k, meta.positions)
-        key_cache[meta.blocks, meta.offsets] = k
-        value_cache[meta.blocks, meta.offsets] = v
+        q = rotate_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
+        if len(meta.groups) == 1 and meta.decode_kernel and meta.groups[0].token_index.shape[1] == 1:
+            # Only decode tokens, in one group in batch order: the kernel's output is the whole step's.
+            return self.o_proj(decode_attention(q, key_cache, value_cache, meta.groups[0]).view(num_tokens, -1))
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
@@ -68,6 +69,21 @@ class Attention(nn.Module):
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
             out[group.token_index] = gather_attention(queries, key_cache, value_cache, group).transpose(1, 2)
         return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+
+
+def rotate_and_write_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> torch.Tensor:
+    """q: [T, H, D], k, v: [T, KVH, D] -> rotated q; the rotated keys and the values written into
+    the caches at ``meta``'s slots: in one C++ call on the CPU in float32 (`engine.kernels.rope_cache`,
+    the same bits), else by torch's operations."""
+    if rope_cache.can_fuse(q.device, q.dtype, q.shape[-1]):
+        rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
+        return q
+    q, k = rope(q, k, meta.positions)
+    key_cache[meta.blocks, meta.offsets] = k
+    value_cache[meta.blocks, meta.offsets] = v
+    return q
 
 
 def gather_attention(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
