@@ -197,5 +197,5 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor key_cache, t
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "q [B, H, D] attends its sequence's paged keys and values -> [B, H, D]");
+  m.def("paged_decode_attention", &paged_decode_attention, "q [B, H, D] attends its sequence's paged keys and values -> [B, H, D]", py::call_guard<py::gil_scoped_release>());
 }

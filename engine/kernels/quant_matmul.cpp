@@ -223,6 +223,6 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales) 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_matmul", &q4_matmul, "x @ W.T for 4-bit blocks (scales, mins)");
-  m.def("q8_matmul", &q8_matmul, "x @ W.T for 8-bit blocks (scales)");
+  m.def("q4_matmul", &q4_matmul, "x @ W.T for 4-bit blocks (scales, mins)", py::call_guard<py::gil_scoped_release>());
+  m.def("q8_matmul", &q8_matmul, "x @ W.T for 8-bit blocks (scales)", py::call_guard<py::gil_scoped_release>());
 }

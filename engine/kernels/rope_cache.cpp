@@ -87,5 +87,5 @@ void rope_and_write_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rope_and_write_cache", &rope_and_write_cache, "rotate q in place, write rotated k and v into the paged cache");
+  m.def("rope_and_write_cache", &rope_and_write_cache, "rotate q in place, write rotated k and v into the paged cache", py::call_guard<py::gil_scoped_release>());
 }
