@@ -141,14 +141,18 @@ void tokens(const float* x, const float* w, int64_t K, float* y, int64_t N, int6
 // as in `tile` (k = 0, 16, 32, ... with the same float32 weights), so the results are bit for bit
 // those of the buffered path.
 template <int64_t NT, typename Halves>
-void fused_tile(const float* x, int64_t K, int64_t n0, float* y, int64_t N, Halves halves) {
+__attribute__((always_inline)) inline void fused_tile(const float* x, int64_t K, int64_t n0, float* y, int64_t N, Halves halves) {
   f32v acc[NT][ROWS] = {};
   for (int64_t b = 0; b < K / BLOCK; ++b) {
     f32v lo[ROWS], hi[ROWS];
+#pragma GCC unroll 4
     for (int64_t r = 0; r < ROWS; ++r) halves(n0 + r, b, lo[r], hi[r]);
+#pragma GCC unroll 4
     for (int64_t t = 0; t < NT; ++t) {
       const f32v x_lo = load(x + t * K + b * BLOCK), x_hi = load(x + t * K + b * BLOCK + LANES);
+#pragma GCC unroll 4
       for (int64_t r = 0; r < ROWS; ++r) acc[t][r] += lo[r] * x_lo;
+#pragma GCC unroll 4
       for (int64_t r = 0; r < ROWS; ++r) acc[t][r] += hi[r] * x_hi;
     }
   }
