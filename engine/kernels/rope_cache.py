@@ -48,11 +48,12 @@ def rope_and_write_cache(
 ) -> None:
     """q: [T, H, D] rotated in place; k, v: [T, KVH, D]: k rotated and v written at cache slot
     (``blocks[t]``, ``offsets[t]``) of key_cache, value_cache [num_blocks, block_size, KVH, D];
-    cos, sin: [P, D] tables; positions, blocks, offsets: [T] int64. All float32 and contiguous.
+    cos, sin: [P, D] tables; positions, blocks, offsets: [T] int64. The float32 tensors contiguous.
     Needs the built kernel (``load()`` not None)."""
     kernel = load()
     assert kernel is not None, "the rope-and-cache kernel is not built here"
-    kernel.rope_and_write_cache(q, k, v, cos, sin, positions, blocks, offsets, key_cache, value_cache)
+    # The index columns may be strided views (a CUDA-graph-style step keeps them as columns of one tensor).
+    kernel.rope_and_write_cache(q, k, v, cos, sin, positions.contiguous(), blocks.contiguous(), offsets.contiguous(), key_cache, value_cache)
 
 
 if __name__ == "__main__":

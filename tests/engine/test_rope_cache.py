@@ -107,3 +107,15 @@ def test_bad_arguments_are_refused_before_anything_is_written(name, value, messa
     with pytest.raises(RuntimeError, match=message):
         rope_cache.rope_and_write_cache(**arguments)
     assert not arguments["key_cache"].any() and not arguments["value_cache"].any()
+
+
+def test_index_columns_of_one_tensor_are_taken():
+    """A CUDA-graph-style step keeps position, block and offset as columns of one [T, 3] tensor."""
+    arguments = valid_arguments()
+    expected = valid_arguments()
+    columns = torch.stack([arguments["positions"], arguments["blocks"], arguments["offsets"]], dim=1)
+    arguments |= {"positions": columns[:, 0], "blocks": columns[:, 1], "offsets": columns[:, 2]}
+    arguments["k"] = expected["k"] = torch.ones(2, 1, 8)
+    rope_cache.rope_and_write_cache(**arguments)
+    rope_cache.rope_and_write_cache(**expected)
+    assert torch.equal(arguments["key_cache"], expected["key_cache"]) and arguments["key_cache"].any()
