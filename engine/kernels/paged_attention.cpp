@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "parallel_chunks.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -140,7 +142,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& key_cache, const torch:
   const int64_t* table_data = tables.data_ptr<int64_t>();
   const int64_t* len_data = seq_lens.data_ptr<int64_t>();
   float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  parallel_chunks(B * KVH, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / KVH, kv_head = item % KVH, L = len_data[b];

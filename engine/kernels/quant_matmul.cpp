@@ -12,10 +12,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "parallel_chunks.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -28,7 +29,6 @@ constexpr int64_t BLOCK = 32;
 constexpr int64_t ROWS = 4;
 constexpr int64_t TOKENS = 4;
 constexpr int64_t TOKEN_BLOCK = 64;
-constexpr int64_t CHUNKS_PER_THREAD = 8;
 
 typedef float f32v __attribute__((vector_size(LANES * 4)));
 typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
@@ -165,24 +165,10 @@ __attribute__((always_inline)) inline void fused_tile(const float* x, int64_t K,
   }
 }
 
-// f(begin, end) over row tiles [0, count) on torch's threads, each taking the next chunk of tiles
-// when it finishes one: a thread the OS preempts holds up one chunk, not a fixed half of the tiles
-// that the others then wait for (the engine shares its cores with the server's processes). Which
-// thread computes a tile does not change its result.
-template <typename F>
-void parallel_tiles(int64_t count, const F& f) {
-  const int64_t threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, count / (threads * CHUNKS_PER_THREAD));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t begin = next.fetch_add(chunk); begin < count; begin = next.fetch_add(chunk)) f(begin, std::min(count, begin + chunk));
-  });
-}
-
 // y = x @ W^T for T <= TOKENS tokens, each row tile dequantized in registers.
 template <int64_t NT, typename Halves>
 void fused(const float* x, int64_t N, int64_t K, float* y, Halves halves) {
-  parallel_tiles(N / ROWS, [&](int64_t begin, int64_t end) {
+  parallel_chunks(N / ROWS, [&](int64_t begin, int64_t end) {
     for (int64_t tile_index = begin; tile_index < end; ++tile_index) fused_tile<NT>(x, K, tile_index * ROWS, y, N, halves);
   });
 }
@@ -210,7 +196,7 @@ torch::Tensor matmul(const torch::Tensor& x, int64_t N, int64_t K, Halves halves
   }
   for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
     const int64_t count = std::min(TOKEN_BLOCK, T - t0);
-    parallel_tiles(N / ROWS, [&](int64_t begin, int64_t end) {
+    parallel_chunks(N / ROWS, [&](int64_t begin, int64_t end) {
       std::vector<float> w(ROWS * K);
       for (int64_t tile_index = begin; tile_index < end; ++tile_index) {
         const int64_t n0 = tile_index * ROWS;
