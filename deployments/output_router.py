@@ -102,7 +102,12 @@ class OutputRouter:
 
     async def _loop(self, engine_index: int) -> None:
         engine = self.engines[engine_index]
+        task = asyncio.current_task()
         while True:
+            if task is not None and task.cancelling():
+                # Cancelled while a poll's answer landed: Python 3.11's wait_for returned the answer
+                # and dropped the cancel, which must still end the loop (a replica's shutdown waits for it).
+                raise asyncio.CancelledError
             aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
                 poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)

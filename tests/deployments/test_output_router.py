@@ -132,3 +132,33 @@ def test_a_replica_the_engine_took_for_dead_ends_its_streams():
     params = SamplingParams(temperature=0.0, max_tokens=100)
     mailbox, _ = route_to_mailbox([[EngineOutput("r", IDS[:1], 1)], Polled(1, [], subscriber_lost=True)], params, incarnation=1)
     assert mailbox.error is not None and mailbox.error.code == "engine_failed"
+
+
+class AnsweringEngine:
+    """An engine handle whose long polls are futures the test answers (``polls``, newest last)."""
+
+    def __init__(self) -> None:
+        self.get_outputs = self
+        self.polls: list[asyncio.Future] = []
+
+    def remote(self, subscriber: str, timeout_s: float, aborts: list[str]) -> asyncio.Future:
+        self.polls.append(asyncio.get_running_loop().create_future())
+        return self.polls[-1]
+
+
+def test_a_cancel_that_races_a_poll_answer_still_ends_the_loop():
+    """Cancelled while its poll's answer lands, ``asyncio.wait_for`` (Python 3.11) returns the answer and
+    drops the cancel; the loop must still end, or a replica's shutdown waits for it forever."""
+
+    async def run() -> None:
+        engine = AnsweringEngine()
+        router = OutputRouter([engine], "sub", DetokClient(TOKENIZER.tokenizer, None, 0, 1), IngressMetrics("tiny-random", "test-replica"))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop is in its first poll
+        assert len(engine.polls) == 1
+        engine.polls[0].set_result(Polled(1, []))
+        router.tasks[0].cancel()  # before the loop wakes: the answer and the cancel land together
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(router.tasks[0], 5)
+
+    asyncio.run(run())
