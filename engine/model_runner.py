@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
 from engine.host_allocator import keep_freed_memory
-from engine.kernels import paged_attention
+from engine.kernels import paged_attention, rope_cache
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
@@ -107,6 +107,7 @@ class ModelRunner:
         # Decode attention reads the paged cache in a kernel: Triton on CUDA, C++ on the CPU in float32
         # where it builds (`engine.kernels.paged_attention`); elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda" or paged_attention.can_decode(self.device, self.dtype, checkpoint.config.head_dim)
+        self.rope_kernel = rope_cache.can_fuse(self.device, self.dtype, checkpoint.config.head_dim)
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
@@ -180,7 +181,7 @@ class ModelRunner:
         """input_ids: [T] -> final-normed hidden states [T, hidden]: a decode step from its captured graph, any other eagerly."""
         if self.decode_graphs is not None and self.decode_graphs.fits(step.chunks):
             return self.decode_graphs.run(input_ids, step.chunks)
-        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel)
+        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel, self.rope_kernel)
         return self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
 
     def _capture_decode_graphs(self, config: EngineConfig) -> DecodeGraphs | None:

@@ -35,6 +35,8 @@ class AttentionMetadata:
 
     decode_kernel: decode groups (one query per sequence) run a paged-attention kernel (Triton on
     CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
+    rope_kernel: queries and keys are rotated and the cache written in one C++ call (float32 on the
+    CPU: `engine.kernels.rope_cache`) instead of torch's operations.
     """
 
     blocks: torch.Tensor
@@ -42,6 +44,7 @@ class AttentionMetadata:
     positions: torch.Tensor
     groups: list[AttentionGroup]
     decode_kernel: bool = False
+    rope_kernel: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ class ScheduledChunk:
     num_tokens: int
 
 
-def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, device: torch.device, decode_kernel: bool = False) -> AttentionMetadata:
+def build_attention_metadata(
+    chunks: list[ScheduledChunk], block_size: int, device: torch.device, decode_kernel: bool = False, rope_kernel: bool = False
+) -> AttentionMetadata:
     """Metadata for a flat batch laid out as the chunks, in order, back to back.
 
     Decode chunks (one token), short chunks (verified drafts, prefill tails) and long
@@ -78,6 +83,7 @@ def build_attention_metadata(chunks: list[ScheduledChunk], block_size: int, devi
         positions=positions.to(device),
         groups=[AttentionGroup(g.token_index.to(device), g.block_tables.to(device), g.mask.to(device), g.seq_lens.to(device)) for g in groups],
         decode_kernel=decode_kernel,
+        rope_kernel=rope_kernel,
     )
 
 

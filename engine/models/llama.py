@@ -75,9 +75,9 @@ def rotate_and_write_cache(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
 ) -> torch.Tensor:
     """q: [T, H, D], k, v: [T, KVH, D] -> rotated q; the rotated keys and the values written into
-    the caches at ``meta``'s slots: in one C++ call on the CPU in float32 (`engine.kernels.rope_cache`,
+    the caches at ``meta``'s slots: in one C++ call where ``meta.rope_kernel`` says so (`engine.kernels.rope_cache`,
     the same bits), else by torch's operations."""
-    if rope_cache.can_fuse(q.device, q.dtype, q.shape[-1]):
+    if meta.rope_kernel:
         rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
         return q
     q, k = rope(q, k, meta.positions)

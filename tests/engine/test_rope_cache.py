@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import ModelConfig
 from engine.kernels import rope_cache
+from engine.loader.random_shapes import RANDOM_MODEL_SHAPES, TINY_RANDOM
 from engine.models.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(rope_cache.load() is None, reason="the kernel cannot be built here (no C++ compiler)")
@@ -19,20 +21,7 @@ MAX_POSITIONS = 300
 
 
 def rope_table(head_dim: int, scaling: dict | None) -> RotaryEmbedding:
-    config = ModelConfig(
-        vocab_size=16,
-        hidden_size=head_dim,
-        intermediate_size=16,
-        num_layers=1,
-        num_heads=1,
-        num_kv_heads=1,
-        head_dim=head_dim,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True,
-        rope_scaling=scaling,
-    )
+    config = replace(RANDOM_MODEL_SHAPES[TINY_RANDOM], head_dim=head_dim, max_position_embeddings=MAX_POSITIONS, rope_scaling=scaling)
     return RotaryEmbedding(config, MAX_POSITIONS)
 
 
