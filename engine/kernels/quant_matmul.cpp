@@ -64,12 +64,26 @@ inline i32v widen(const int8_t* p) {
 #endif
 }
 
+#if defined(__AVX512F__)
+constexpr f32v NIBBLES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
+
 // Block b of a 4-bit row as its two halves of 16 float32 weights: byte j holds weight j (low
 // nibble) and j+16 (high). The one place a 4-bit weight becomes float32, whichever path reads it.
+// On AVX-512 the block's 16 possible weights q*d + m are made once and each nibble looks its own
+// up with one permute (which reads an index's low 4 bits): the same float32 values as scaling
+// every converted nibble (d*q is exact), in 5 vector operations for 32 weights instead of 7
+// (8-9% faster at 1-3 tokens; docs/engine.md).
 inline void q4_halves(const uint8_t* q, const float* d, const float* m, int64_t b, f32v& lo, f32v& hi) {
-  i32v wide = widen(q + b * (BLOCK / 2));
+  const i32v wide = widen(q + b * (BLOCK / 2));
+#if defined(__AVX512F__)
+  const __m512 weights = (__m512)(NIBBLES * d[b] + m[b]);
+  lo = (f32v)_mm512_permutexvar_ps((__m512i)wide, weights);
+  hi = (f32v)_mm512_permutexvar_ps((__m512i)(wide >> 4), weights);
+#else
   lo = __builtin_convertvector(wide & 15, f32v) * d[b] + m[b];
   hi = __builtin_convertvector(wide >> 4, f32v) * d[b] + m[b];
+#endif
 }
 
 // Block b of an 8-bit row as its two halves: 32 int8 values times the block's scale.
