@@ -16,11 +16,11 @@ from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
 from engine.host_allocator import keep_freed_memory
-from engine.kernels import paged_attention, rope_cache
+from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM, use_rms_norm_kernel
 from engine.models.packed_linear import can_pack, pack_linears
 from engine.models.quant_linear import can_compute_quantized, quantize_linears
 from engine.outputs import TokenLogprobs
@@ -108,6 +108,8 @@ class ModelRunner:
         # where it builds (`engine.kernels.paged_attention`); elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda" or paged_attention.can_decode(self.device, self.dtype, checkpoint.config.head_dim)
         self.rope_kernel = rope_cache.can_fuse(self.device, self.dtype, checkpoint.config.head_dim)
+        if rms_norm.can_fuse(self.device, self.dtype, checkpoint.config.hidden_size):
+            use_rms_norm_kernel(self.model)
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import paged_attention, rope_cache
+from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.quant_linear import QuantizedWeight
 from engine.models.rope import RotaryEmbedding
@@ -19,16 +19,28 @@ ARGMAX_VOCAB_CHUNK = 4096
 class RMSNorm(nn.Module):
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, by torch's fused ``rms_norm``
     (bit for bit the float32 formula written out in ops, at a third of the time for one token:
-    tests/engine/test_llama_layers.py)."""
+    tests/engine/test_llama_layers.py), or by the C++ kernel where ``kernel`` is set (float32 on
+    the CPU: `engine.kernels.rms_norm`, the same bits in one call)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
+        if self.kernel:
+            return rms_norm.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def use_rms_norm_kernel(model: nn.Module) -> int:
+    """Set every `RMSNorm` of ``model`` to run through the C++ kernel; returns how many."""
+    norms = [module for module in model.modules() if isinstance(module, RMSNorm)]
+    for norm in norms:
+        norm.kernel = True
+    return len(norms)
 
 
 class Attention(nn.Module):
