@@ -19,8 +19,11 @@ import logging
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 from engine.kernels.build import load_kernel
+
+logger = logging.getLogger(__name__)
 
 ROW_MULTIPLE = 32
 """The kernel's rows are whole groups of four 8-float vectors (every hidden size of the models served)."""
@@ -34,8 +37,21 @@ def load() -> ModuleType | None:
 
 def can_fuse(device: torch.device, dtype: torch.dtype, hidden_size: int) -> bool:
     """Whether a model on ``device`` in ``dtype`` can normalize through the kernel: float32 on the
-    CPU, a hidden size that is a multiple of 32, the kernel built."""
-    return device.type == "cpu" and dtype == torch.float32 and hidden_size % ROW_MULTIPLE == 0 and load() is not None
+    CPU, a hidden size that is a multiple of 32, the kernel built and giving torch's bits here."""
+    return device.type == "cpu" and dtype == torch.float32 and hidden_size % ROW_MULTIPLE == 0 and load() is not None and matches_torch(hidden_size)
+
+
+@functools.cache
+def matches_torch(hidden_size: int) -> bool:
+    """Whether the kernel gives ``F.rms_norm``'s bits for rows of ``hidden_size`` on this machine: the
+    order it copies is that of ATen's CPU sum, which another torch build or CPU could change."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, hidden_size, generator=generator) * torch.rand(64, 1, generator=generator).mul(100)
+    weight = torch.randn(hidden_size, generator=generator)
+    same = torch.equal(rms_norm(x, weight, 1e-5), F.rms_norm(x, [hidden_size], weight, 1e-5))
+    if not same:
+        logger.warning("the RMS-norm kernel's sums differ from torch's here: the norms run through F.rms_norm")
+    return same
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -69,3 +69,12 @@ def test_the_float32_cpu_engine_normalizes_through_the_kernel():
     kernel_out = norms[0](hidden)
     norms[0].kernel = False
     assert torch.equal(kernel_out, norms[0](hidden))
+
+
+def test_the_kernel_is_used_only_where_it_gives_torchs_bits(monkeypatch):
+    rms_norm.matches_torch.cache_clear()
+    assert rms_norm.can_fuse(torch.device("cpu"), torch.float32, 576)
+    rms_norm.matches_torch.cache_clear()
+    monkeypatch.setattr(rms_norm, "rms_norm", lambda x, weight, eps: F.rms_norm(x, [x.shape[1]], weight, eps) * 1.0000001)
+    assert not rms_norm.can_fuse(torch.device("cpu"), torch.float32, 576)
+    rms_norm.matches_torch.cache_clear()
