@@ -20,7 +20,7 @@ from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
-from engine.models.llama import LlamaForCausalLM, use_rms_norm_kernel
+from engine.models.llama import LlamaForCausalLM, merge_projections, use_rms_norm_kernel
 from engine.models.packed_linear import can_pack, pack_linears
 from engine.models.quant_linear import can_compute_quantized, quantize_linears
 from engine.outputs import TokenLogprobs
@@ -119,7 +119,13 @@ class ModelRunner:
         head = checkpoint.quantized.get(head_name)
         self.model.head_blocks = head if head is not None and head.shape[0] % 4 == 0 else None  # the kernel takes rows four at a time
         replaced = quantize_linears(self.model.layers, {name.removeprefix("layers."): w for name, w in checkpoint.quantized.items()})
-        logger.info("%d linear layers%s compute from their quantized blocks", len(replaced), " and the output head" if self.model.head_blocks else "")
+        merged_groups = merge_projections(self.model.layers)
+        logger.info(
+            "%d linear layers%s compute from their quantized blocks (%d groups of projections merged)",
+            len(replaced),
+            " and the output head" if self.model.head_blocks else "",
+            merged_groups,
+        )
 
     @torch.inference_mode()
     def launch(

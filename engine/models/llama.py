@@ -9,7 +9,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
-from engine.models.quant_linear import QuantizedWeight
+from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, merged
 from engine.models.rope import RotaryEmbedding
 
 ARGMAX_VOCAB_CHUNK = 4096
@@ -43,6 +43,26 @@ def use_rms_norm_kernel(model: nn.Module) -> int:
     return len(norms)
 
 
+def merge_projections(layers: nn.ModuleList) -> int:
+    """Where a layer's q, k and v (and its gate and up) projections are all computed from quantized
+    blocks of one format, compute each group in one matmul (`MergedQuantLinear`, the same bits) and
+    drop the separate linears; returns how many groups were merged."""
+    count = 0
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = merged([attention.q_proj, attention.k_proj, attention.v_proj])
+        if qkv is not None:
+            attention.qkv_proj = qkv
+            del attention.q_proj, attention.k_proj, attention.v_proj
+            count += 1
+        gate_up = merged([mlp.gate_proj, mlp.up_proj])
+        if gate_up is not None:
+            mlp.gate_up_proj = gate_up
+            del mlp.gate_proj, mlp.up_proj
+            count += 1
+    return count
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -52,6 +72,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qkv_proj: MergedQuantLinear | None = None
+        """q, k and v in one matmul, in place of the three (`merge_projections`)."""
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [T, hidden] -> q [T, H * D], k and v [T, KVH * D]."""
+        if self.qkv_proj is not None:
+            return self.qkv_proj(x)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(
         self,
@@ -63,9 +91,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this batch's keys and values into the cache."""
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = rotate_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
         if len(meta.groups) == 1 and meta.decode_kernel and meta.groups[0].token_index.shape[1] == 1:
             # Only decode tokens, in one group in batch order: the kernel's output is the whole step's.
@@ -90,6 +119,7 @@ def rotate_and_write_cache(
     the caches at ``meta``'s slots: in one C++ call where ``meta.rope_kernel`` says so (`engine.kernels.rope_cache`,
     the same bits), else by torch's operations."""
     if meta.rope_kernel:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # merged projections give column views
         rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
         return q
     q, k = rope(q, k, meta.positions)
@@ -135,9 +165,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: MergedQuantLinear | None = None
+        """gate and up in one matmul, in place of the two (`merge_projections`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

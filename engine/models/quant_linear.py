@@ -42,6 +42,15 @@ class QuantizedWeight:
         """The weight with its rows reordered by ``permute`` (as the loader reorders q/k rows)."""
         return QuantizedWeight(*(None if t is None else permute(t).contiguous() for t in (self.q, self.scales, self.mins)))
 
+    @staticmethod
+    def stacked(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
+        """The weights' rows one after another as one weight [sum N, K]; None where their formats or K differ."""
+        first = weights[0]
+        if any(w.shape[1] != first.shape[1] or w.q.dtype != first.q.dtype or (w.mins is None) != (first.mins is None) for w in weights):
+            return None
+        mins = None if first.mins is None else torch.cat([w.mins for w in weights])
+        return QuantizedWeight(torch.cat([w.q for w in weights]), torch.cat([w.scales for w in weights]), mins)
+
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, as gguf's ``dequantize`` gives it (for tests)."""
         n, k = self.shape
@@ -79,6 +88,41 @@ class QuantLinear(nn.Module):
         """x: [T, in] float32 -> [T, out]."""
         out = self.weight_blocks.matmul(x)
         return out if self.bias is None else out + self.bias
+
+
+class MergedQuantLinear(nn.Module):
+    """Several `QuantLinear`s of the same input as one matmul (a layer's q, k and v projections; its
+    gate and up projections): ``forward`` returns each one's output, column views of the one result.
+
+    The kernel sums every output element over its own weight row in one fixed order, whatever the
+    other rows, so each output is bit for bit its own linear's: one call instead of several, at one
+    token a step each call's fixed cost (a parallel region, the output, the dispatch) being a large
+    part of a small projection's time."""
+
+    def __init__(self, weight: QuantizedWeight, out_features: list[int], bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight_blocks = weight
+        self.out_features = out_features
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x: [T, in] float32 -> one [T, out_i] view per merged linear."""
+        out = self.weight_blocks.matmul(x)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.split(self.out_features, dim=-1)
+
+
+def merged(linears: list[nn.Module]) -> MergedQuantLinear | None:
+    """The linears as one `MergedQuantLinear`, or None unless all are `QuantLinear`s of one format whose
+    biases are all present or all absent."""
+    if not all(isinstance(linear, QuantLinear) for linear in linears) or len({linear.bias is None for linear in linears}) != 1:
+        return None
+    weight = QuantizedWeight.stacked([linear.weight_blocks for linear in linears])
+    if weight is None:
+        return None
+    bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
+    return MergedQuantLinear(weight, [linear.out_features for linear in linears], bias)
 
 
 def quantize_linears(model: nn.Module, weights: dict[str, QuantizedWeight]) -> list[str]:

@@ -13,7 +13,7 @@ from engine.core import EngineCore
 from engine.generate import generate
 from engine.kernels import quant_matmul
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
-from engine.models.quant_linear import QuantizedWeight
+from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, QuantLinear, merged
 from sampling.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(quant_matmul.load() is None, reason="the kernel cannot be built here (no C++ compiler)")
@@ -58,6 +58,36 @@ def test_rows_of_the_weight_are_views_of_the_same_product():
     weight = random_weight("q8_0", 256, 64)
     x = torch.randn(5, 64)
     assert torch.equal(weight.rows(64, 128).matmul(x), weight.matmul(x)[:, 64:128])
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("num_tokens", [1, 3, 70])
+def test_merged_projections_are_each_linears_own_bits(kind, num_tokens):
+    shapes = [(576, 576), (192, 576), (192, 576)]
+    linears = [QuantLinear(random_weight(kind, *shape, seed=index), torch.randn(shape[0])) for index, shape in enumerate(shapes)]
+    group = merged(linears)
+    assert isinstance(group, MergedQuantLinear)
+    x = torch.randn(num_tokens, 576, generator=torch.Generator().manual_seed(3))
+    outputs = group(x)
+    assert [tuple(out.shape) for out in outputs] == [(num_tokens, rows) for rows, _ in shapes]
+    for out, linear in zip(outputs, linears, strict=True):
+        assert torch.equal(out, linear(x))
+
+
+def test_linears_of_other_formats_or_biases_are_not_merged():
+    q4, q8 = random_weight("q4_1", 64, 96), random_weight("q8_0", 64, 96)
+    assert merged([QuantLinear(q4, None), QuantLinear(q8, None)]) is None
+    assert merged([QuantLinear(q4, torch.zeros(64)), QuantLinear(q4, None)]) is None
+    assert merged([QuantLinear(q4, None), torch.nn.Linear(96, 64, bias=False)]) is None
+    assert merged([QuantLinear(q4, None), QuantLinear(random_weight("q4_1", 64, 128), None)]) is None
+
+
+def test_the_default_models_layers_merge_their_projections(engines):
+    quantized, dequantized = engines
+    for layer in quantized.runner.model.layers:
+        assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+        assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
+    assert all(layer.self_attn.qkv_proj is None for layer in dequantized.runner.model.layers)
 
 
 def test_the_default_models_blocks_are_its_float32_weights(smollm_checkpoint):
