@@ -35,12 +35,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-def use_rms_norm_kernel(model: nn.Module) -> int:
-    """Set every `RMSNorm` of ``model`` to run through the C++ kernel; returns how many."""
-    norms = [module for module in model.modules() if isinstance(module, RMSNorm)]
-    for norm in norms:
-        norm.kernel = True
-    return len(norms)
+def use_rms_norm_kernel(model: nn.Module) -> None:
+    """Set every `RMSNorm` of ``model`` to run through the C++ kernel."""
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.kernel = True
 
 
 def merge_projections(layers: nn.ModuleList) -> int:
