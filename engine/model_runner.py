@@ -172,6 +172,10 @@ class ModelRunner:
             output = self._sample(step, hidden, rows, masks)
             values = [output.sampled_token_ids]
             last_token_ids = output.sampled_token_ids
+        # -1 marks a row left with no token: its request ends when this step is collected, but the next
+        # step, launched before that, still feeds it (asynchronous scheduling). Any valid id will do there;
+        # -1 would index the embedding out of range, which on CUDA is a device-side assert that ends the process.
+        last_token_ids = last_token_ids.clamp(min=0)
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]

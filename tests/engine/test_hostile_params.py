@@ -20,10 +20,12 @@ PROMPT = list(range(300, 310))
 VOCAB = 49152
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint: Checkpoint) -> EngineCore:
-    """One engine for every example: a request that broke it would break the examples after it."""
-    config = EngineConfig(model="tiny-random", max_num_seqs=4, max_model_len=48, max_num_batched_tokens=64)
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def engine(tiny_checkpoint: Checkpoint, request: pytest.FixtureRequest) -> EngineCore:
+    """One engine for every example: a request that broke it would break the examples after it. Scheduled
+    synchronously (the CPU's default) and asynchronously (CUDA's: the next step is launched before this
+    one's tokens reach the host, so it is fed a failed row's placeholder token)."""
+    config = EngineConfig(model="tiny-random", max_num_seqs=4, max_model_len=48, max_num_batched_tokens=64, async_scheduling=request.param)
     return EngineCore(config, tiny_checkpoint)
 
 
