@@ -9,6 +9,7 @@ first one takes a few minutes (torch's headers), later loads a second.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 KERNELS_DIR = Path(__file__).resolve().parent
 CACHE_DIR = KERNELS_DIR.parents[1] / ".cache" / "kernels"
+DISABLE_ENV = "SPOUT_CPU_KERNELS"
+"""Set to ``0``: build no kernel (a GPU machine, where a first build would take minutes of its time)."""
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 """``-march=native``: the kernels' AVX-512 paths where the CPU has them (a build belongs to its machine);
 ``-fopenmp``: ``at::parallel_for`` splits the work over torch's intra-op threads."""
@@ -26,6 +29,9 @@ def load_kernel(name: str, fallback: str) -> ModuleType | None:
     ``fallback`` (what the engine does without it), where it cannot be built here."""
     from torch.utils.cpp_extension import load as load_extension
 
+    if os.environ.get(DISABLE_ENV) == "0":
+        logger.warning("the %s kernel is not built (%s=0): %s", name, DISABLE_ENV, fallback)
+        return None
     build_dir = CACHE_DIR / name
     build_dir.mkdir(parents=True, exist_ok=True)
     source = KERNELS_DIR / f"{name}.cpp"

@@ -68,3 +68,14 @@ def test_dry_run_runs_every_step_and_writes_its_files(tmp_path):
     assert len(written) <= MAX_FILES
     engine_rows = json.loads((tmp_path / "engine_cuda.json").read_text())["rows"]
     assert {row["phase"] for row in engine_rows} == {"prefill", "decode"} and all(row["tokens_per_s"] > 0 for row in engine_rows)
+
+
+def test_the_device_builds_no_cpu_kernel_and_a_dry_run_does(monkeypatch):
+    """On the device the CPU reference engines would spend minutes compiling `engine/kernels`: the steps' environment says not to."""
+    from engine.kernels.build import DISABLE_ENV, load_kernel
+
+    assert gpu_check.step_environment(None, dry_run=False)[DISABLE_ENV] == "0"
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    assert DISABLE_ENV not in gpu_check.step_environment(None, dry_run=True)
+    monkeypatch.setenv(DISABLE_ENV, "0")
+    assert load_kernel("rms_norm", "torch's norm") is None
