@@ -253,7 +253,7 @@ class SamplingBatch:
         last token (a verify step).
         """
         if cu_num_rows is None:
-            slots, offsets = rows, torch.zeros_like(rows)
+            slots, offsets = rows, None
         else:
             request, offsets = segment_rows(cu_num_rows.to(rows.device), token_ids.shape[0])
             slots = rows[request]
@@ -265,7 +265,7 @@ class SamplingBatch:
         if self.history is not None and self.history_len is not None:
             # Written as a difference added at the row's position, so that rows that write nothing (after
             # the last token, or past max_model_len, which the engine never reaches) add 0 wherever they land.
-            position = self.history_len[slots] + offsets
+            position = self.history_len[slots] if offsets is None else self.history_len[slots] + offsets
             writes = emitted & (position < self.max_model_len)
             index = (slots, position.clamp(max=self.max_model_len - 1))
             change = torch.where(writes, token_ids - self.history[index], torch.zeros_like(token_ids))

@@ -104,9 +104,12 @@ class Sampler:
         grammar: the bitmasks of the rows whose requests have ``structured_outputs`` (each such row needs one).
         """
         rows = rows.to(logits.device)
+        if batch.argmax_only and grammar is None:  # no row's parameters are needed: one reduction and the record
+            logits = logits.float()
+            return self.record_argmax(first_argmax(logits, _cpu_block_maxima(logits)), rows, batch)
         out = self._run(logits, RowView.of(batch, rows), grammar)
         batch.record(rows, out.token_ids)
-        return SamplerOutput(out.token_ids, self._logprobs(out.logprobs, out.token_ids.clamp(min=0), batch))
+        return SamplerOutput(out.token_ids, self._logprobs(out.logprobs, out.token_ids, batch))
 
     def record_argmax(self, token_ids: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """`__call__`'s output for a batch that is `SamplingBatch.argmax_only`, when the caller took
@@ -142,7 +145,7 @@ class Sampler:
         assert out.accepted is not None
         token_ids, num_emitted = first_rejection(out.token_ids, out.accepted, view.first_rows, view.requests, rows.shape[0])
         batch.record(rows, token_ids, cu)
-        return VerifyOutput(token_ids, num_emitted, self._logprobs(out.logprobs, token_ids.clamp(min=0), batch))
+        return VerifyOutput(token_ids, num_emitted, self._logprobs(out.logprobs, token_ids, batch))
 
     def _run(self, logits: torch.Tensor, view: RowView, grammar: GrammarMask | None) -> _Rows:
         """The pipeline on ``view``'s rows: logits [N, V] -> per-row tokens (and acceptance, with drafts)."""
@@ -158,7 +161,7 @@ class Sampler:
         maxima = None
         if batch.uses[Feature.PENALTIES] > 0 or batch.uses[Feature.DRY] > 0:
             logits = _apply_penalties(logits, view)
-            maxima = block_maxima(logits) if logits.device.type == "cpu" else None
+            maxima = _cpu_block_maxima(logits)
             dead = _with_rows_left_unsampleable(logits, maxima, dead)
         if dead is None:
             return self._sample_penalised(logits, view, raw, maxima)
@@ -178,8 +181,8 @@ class Sampler:
             # One launch for every row: greedy rows get their argmax there, the others never pay for one.
             drawn = top_set_sample(logits, p, row_keys(p.seed_key, p.has_seed, p.output_pos), _stages(batch))
             return _Rows(drawn.token_ids, None, raw)
-        if maxima is None and logits.device.type == "cpu":
-            maxima = block_maxima(logits)
+        if maxima is None:
+            maxima = _cpu_block_maxima(logits)
         token_ids = first_argmax(logits, maxima)
         accepted = None if view.drafts is None else view.drafts == token_ids
         processed = logits
@@ -196,7 +199,8 @@ class Sampler:
 
     @staticmethod
     def _logprobs(source: torch.Tensor | None, token_ids: torch.Tensor, batch: SamplingBatch) -> LogprobsTensors | None:
-        return None if source is None else gather_logprobs(source, token_ids, batch.max_logprobs())
+        """The logprobs of ``token_ids`` (-1: of token 0) from ``source``, when logprobs are reported."""
+        return None if source is None else gather_logprobs(source, token_ids.clamp(min=0), batch.max_logprobs())
 
     def _draw(self, logits: torch.Tensor, maxima: torch.Tensor | None, view: RowView, need_processed: bool) -> Draw:
         """Temperature, truncate and draw (with drafts: accept or recover) on logits [N, V];
@@ -289,6 +293,11 @@ def _draw_candidates(c: Candidates, keys: torch.Tensor, drafts: torch.Tensor | N
         return Draw(draw(c, keys), None, processed)
     token_ids, accepted = accept_or_recover(c, drafts, keys)
     return Draw(token_ids, accepted, processed)
+
+
+def _cpu_block_maxima(logits: torch.Tensor) -> torch.Tensor | None:
+    """`block_maxima` of logits [N, V] on the CPU, where they make the argmax and the truncations cheaper; None elsewhere."""
+    return block_maxima(logits) if logits.device.type == "cpu" else None
 
 
 def _apply_masks(logits: torch.Tensor, view: RowView) -> torch.Tensor:

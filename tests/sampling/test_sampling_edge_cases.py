@@ -155,3 +155,20 @@ def test_a_nan_from_a_penalty_never_wins(use_triton: bool) -> None:
     out = step(params, logits, use_triton)
     assert ((out >= 2) & (out < 16)).all()
     assert torch.equal(out[1::2], logits[1::2, 2:].argmax(dim=-1) + 2)
+
+
+@pytest.mark.parametrize("vocab", [1000, 49152])
+def test_an_argmax_only_batch_takes_the_first_maximum_and_counts_it(vocab: int) -> None:
+    """All greedy with nothing else to apply: `Sampler.__call__` takes the argmax alone, and must give what the
+    pipeline gives a greedy batch that also reports logprobs (ties at the maximum included), and record the tokens."""
+    logits = random_logits(6, vocab)
+    logits[1, [7, vocab // 2, vocab - 1]] = 100.0  # a tie: the first wins
+    logits[4] = 0.0  # every token ties
+    rows = torch.arange(6, device=DEVICE)
+    plain, with_logprobs = make_batch([SamplingParams(temperature=0.0)] * 6, vocab), make_batch([SamplingParams(temperature=0.0, logprobs=1)] * 6, vocab)
+    assert plain.argmax_only and not with_logprobs.argmax_only
+    fast = Sampler()(logits.to(DEVICE), rows, plain)
+    full = Sampler()(logits.to(DEVICE), rows, with_logprobs)
+    assert fast.logprobs is None and torch.equal(fast.sampled_token_ids, full.sampled_token_ids)
+    assert fast.sampled_token_ids[1] == 7 and fast.sampled_token_ids[4] == 0
+    assert torch.equal(plain.output_pos, with_logprobs.output_pos) and plain.output_pos.tolist() == [1] * 6
