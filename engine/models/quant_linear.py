@@ -90,7 +90,7 @@ class QuantLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class MergedQuantLinear(nn.Module):
+class MergedQuantLinear(QuantLinear):
     """Several `QuantLinear`s of the same input as one matmul (a layer's q, k and v projections; its
     gate and up projections): ``forward`` returns each one's output, column views of the one result.
 
@@ -99,18 +99,13 @@ class MergedQuantLinear(nn.Module):
     token a step each call's fixed cost (a parallel region, the output, the dispatch) being a large
     part of a small projection's time."""
 
-    def __init__(self, weight: QuantizedWeight, out_features: list[int], bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.weight_blocks = weight
-        self.out_features = out_features
-        self.bias = bias
+    def __init__(self, weight: QuantizedWeight, split_sizes: list[int], bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias)
+        self.split_sizes = split_sizes
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         """x: [T, in] float32 -> one [T, out_i] view per merged linear."""
-        out = self.weight_blocks.matmul(x)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.split(self.out_features, dim=-1)
+        return super().forward(x).split(self.split_sizes, dim=-1)
 
 
 def merged(linears: list[nn.Module]) -> MergedQuantLinear | None:
