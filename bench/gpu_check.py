@@ -80,7 +80,10 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         return Step(name, [sys.executable, "-m", module, *arguments.split(), "--out", str(out / f"{name}_cuda.json")], timeout_s)
 
     def tests(arguments: str, timeout_s: float) -> Step:
-        return Step("tests", [sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "-rfE", *arguments.split()], timeout_s)
+        # In a pytest-xdist worker where the image has it: a test that breaks the CUDA context ends its
+        # worker (tests/conftest.py), which xdist replaces, so the tests after it still run.
+        worker = ["-n", "1"] if importlib.util.find_spec("xdist") else []
+        return Step("tests", [sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "-rfE", *worker, *arguments.split()], timeout_s)
 
     if dry_run:
         tiny = "--device cpu --model tiny-random"
@@ -164,9 +167,10 @@ def failed_tests(pytest_output: str) -> list[str]:
     failed = set()
     for line in pytest_output.splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] in ("FAILED", "ERROR") and words[1].startswith("tests/"):  # a collection error names a file
-            failed.add(words[1])
-        elif len(words) >= 2 and "::" in words[0] and words[1] in ("FAILED", "ERROR"):
+        for outcome, test in zip(words, words[1:]):  # the summary's and pytest-xdist's ("[gw0] [ 5%] FAILED tests/...")
+            if outcome in ("FAILED", "ERROR") and test.startswith("tests/"):  # a collection error names a file
+                failed.add(test)
+        if len(words) >= 2 and "::" in words[0] and words[1] in ("FAILED", "ERROR"):
             failed.add(words[0])
     return sorted(failed)
 

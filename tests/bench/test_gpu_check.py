@@ -43,9 +43,13 @@ def test_failed_tests_are_read_from_verbose_lines_and_the_summary():
             "FAILED tests/a.py::test_two - AssertionError: 1 != 2",
             "FAILED tests/c.py::test_four - RuntimeError",
             "ERROR tests/d.py",
+            "[gw0] [ 40%] FAILED tests/e.py::test_five ",
+            "[gw1] node down: Not properly terminated",
+            "FAILED tests/f.py::test_six",
         ]
     )
-    assert failed_tests(output) == ["tests/a.py::test_two", "tests/b.py::test_three[x-1]", "tests/c.py::test_four", "tests/d.py"]
+    expected = ["tests/a.py::test_two", "tests/b.py::test_three[x-1]", "tests/c.py::test_four", "tests/d.py", "tests/e.py::test_five", "tests/f.py::test_six"]
+    assert failed_tests(output) == expected
 
 
 def test_dry_run_runs_every_step_and_writes_its_files(tmp_path):
