@@ -9,6 +9,12 @@ The engine runs at most a few steps ahead of what the ingress has routed, so whe
 egress cannot keep up the engine slows down to it: the tokens/s the clients receive is
 what one ingress replica sustains on this machine, which also runs the clients.
 
+Two workloads (`WORKLOADS`): ``plain``, one choice per stream and nothing but text; ``heavy``, where
+the detokenizer has the most to do per token: two choices per stream (``n`` 2, half the streams, so
+the engine runs as many sequences), each token's logprobs with 5 alternatives (each one's text
+decoded), and 16 stop strings that never match (each checked). SentencePiece byte fallback is not
+in it: no such tokenizer is installed with the default model.
+
 Each row has the offered and sustained tokens/s, the engine's steps per second, and the
 CPU µs per token of each process kind net of its idle CPU (`bench.lib.process_cpu`). From
 those, `sizing` gives the replicas one GPU at that rate needs: an ingress (or detok)
@@ -24,7 +30,7 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
 import ray
 
@@ -48,6 +54,19 @@ DETOK_MODES: dict[str, dict[str, object]] = {
     "inline": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1},
     "pool": {"inline_detok_threshold": 0, "detok_min_replicas": 1, "detok_max_replicas": 1},
 }
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    choices: int
+    """``n``: each stream carries this many sequences, so a rate's streams are its ``max_num_seqs`` / ``choices``."""
+    fields: dict[str, object] = field(default_factory=dict)
+    """Request fields beyond `completion_body`'s."""
+
+
+NEVER_SEEN_STOPS = [f"<never {index}>" for index in range(16)]
+WORKLOADS = (Workload("plain", 1), Workload("heavy", 2, {"n": 2, "logprobs": 5, "stop": NEVER_SEEN_STOPS}))
 REPLICA_BUSY_TARGET = 0.7
 """Of one core, the most an ingress or detok replica (one event loop) is sized to use, leaving room for bursts."""
 TIMEOUT_S = 600
@@ -61,14 +80,14 @@ def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> Engine
     return actor.options(name=name, namespace=ENGINE_NAMESPACE, lifetime="detached", num_cpus=1).remote(rate, 4096)
 
 
-def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) -> tuple[dict, dict]:
-    """One rate and detok mode: its row and the idle CPU it was measured against."""
-    app = f"{detok}-{rate.max_num_seqs}"
+def measure(cluster: ServeCluster, rate: StepRate, workload: Workload, detok: str, max_tokens: int) -> tuple[dict, dict]:
+    """One rate, workload and detok mode: its row and the idle CPU it was measured against."""
+    app = f"{detok}-{workload.name}-{rate.max_num_seqs}"
     options = {"model": MODEL, "max_num_seqs": rate.max_num_seqs, **DETOK_MODES[detok]}
     engine = start_engine(app, rate, options)
     cluster.deploy(build_app(options), app)
     warm_up(cluster.port, MODEL)
-    bodies = [completion_body(MODEL, i, max_tokens, stream=True) for i in range(rate.max_num_seqs)]
+    bodies = [completion_body(MODEL, i, max_tokens, stream=True) | workload.fields for i in range(rate.max_num_seqs // workload.choices)]
     load_average = os.getloadavg()[0]
     steps_before = ray.get(engine.stats.remote())["steps"]
     before = cpu_seconds()
@@ -76,12 +95,12 @@ def measure(cluster: ServeCluster, rate: StepRate, detok: str, max_tokens: int) 
     after = cpu_seconds()
     # Idle after the load, not before: read before it, a new detok replica used 80% of a core (a --quick run).
     time.sleep(SETTLE_S)
-    idle = {"detok": detok, "max_num_seqs": rate.max_num_seqs} | idle_cpu_percent()
+    idle = {"workload": workload.name, "detok": detok, "max_num_seqs": rate.max_num_seqs} | idle_cpu_percent()
     idle_cores = {key.removeprefix("idle_pct_"): pct / 100 for key, pct in idle.items() if key.startswith("idle_pct_")}
     cpu = per_token_us(before, after, sum(r.tokens for r in results), idle_cores, elapsed)
     steps = ray.get(engine.stats.remote())["steps"] - steps_before
     cluster.delete(app)
-    row = {"detok": detok, "streams": rate.max_num_seqs, "step_ms": rate.step_s * 1e3, "offered_tokens_per_s": rate.tokens_per_s}
+    row = {"workload": workload.name, "detok": detok, "streams": len(bodies), "step_ms": rate.step_s * 1e3, "offered_tokens_per_s": rate.tokens_per_s}
     row |= latency_fields(results, [None] * len(results), elapsed)
     row.pop("wrong_streams")  # the synthetic tokens have no non-streaming twin to compare with
     row |= {"engine_steps_per_s": round(steps / elapsed, 1), "load_average_before": round(load_average, 2), "cpu_us_egress": cpu.pop("egress")}
@@ -92,6 +111,7 @@ def sizing(row: dict) -> dict:
     """Replicas one GPU at the row's offered rate needs, from the row's CPU per token (see the module)."""
     cores = {kind: row["offered_tokens_per_s"] * row[f"cpu_us_{kind}"] / 1e6 for kind in ("ingress", "detok", "proxy")}
     return {
+        "workload": row["workload"],
         "detok": row["detok"],
         "streams": row["streams"],
         "offered_tokens_per_s": row["offered_tokens_per_s"],
@@ -106,7 +126,7 @@ def sizing(row: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="256 streams at 10 ms steps only, inline and pool, 64 tokens")
+    parser.add_argument("--quick", action="store_true", help="256 sequences at 10 ms steps only, each workload inline and pool, 64 tokens")
     args = parser.parse_args(argv)
     rates = RATES[:1] if args.quick else RATES
     max_tokens = 64 if args.quick else MAX_TOKENS
@@ -115,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     rows, idle = [], []
     with ServeCluster(DEFAULT_PROXY) as cluster:
         for rate in rates:
-            for detok in DETOK_MODES:
-                row, idle_row = measure(cluster, rate, detok, max_tokens)
+            for workload, detok in ((workload, detok) for workload in WORKLOADS for detok in DETOK_MODES):
+                row, idle_row = measure(cluster, rate, workload, detok, max_tokens)
                 print_table([row])
                 rows.append(row)
                 idle.append(idle_row)

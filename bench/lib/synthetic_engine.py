@@ -4,7 +4,8 @@
 `deployments.engine_actor.EngineActor` uses. Each `step` takes ``step_s`` of wall time (a
 sleep standing in for the device) and gives every running request one token; up to
 ``max_num_seqs`` run at once, the others wait; a request ends at its ``max_tokens`` (or the
-context) with finish reason ``length``. `SyntheticEngineActor` is the real `EngineActor`
+context) with finish reason ``length``; a request that asks for ``logprobs`` gets made-up ones with as
+many alternatives (real ids, so the ingress detokenizes each). `SyntheticEngineActor` is the real `EngineActor`
 around it, so its mailboxes and step credits, and everything after them (the ingress's
 output router, the detokenizer pool, the SSE path), run as they would behind a GPU.
 
@@ -26,6 +27,7 @@ from engine.core import InvalidRequestError
 from engine.kv.block_manager import PrefixCacheStats
 from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
+from sampling.token_logprobs import TokenLogprobs
 from sampling.tokenized import TokenizedStrings
 
 FIRST_TOKEN_ID = 1000
@@ -52,11 +54,22 @@ class _Sequence:
     seed: int
     num_prompt_tokens: int
     max_tokens: int
+    num_logprobs: int | None = None
     generated: int = 0
 
     def next_token(self) -> int:
         self.generated += 1
-        return FIRST_TOKEN_ID + (self.seed * 7919 + self.generated * 104729) % TOKEN_ID_SPAN
+        return self._token(self.generated)
+
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        """The latest token's made-up logprob and ``num_logprobs`` alternatives (None: not asked for)."""
+        if self.num_logprobs is None:
+            return None
+        top = [self._token(self.generated + 1 + k) for k in range(self.num_logprobs)]
+        return [TokenLogprobs(-0.25, 1, top, [-0.25 - k for k in range(self.num_logprobs)])]
+
+    def _token(self, position: int) -> int:
+        return FIRST_TOKEN_ID + (self.seed * 7919 + position * 104729) % TOKEN_ID_SPAN
 
 
 class SyntheticEngineCore:
@@ -111,7 +124,7 @@ class SyntheticEngineCore:
             raise InvalidRequestError(f"request {request_id!r} is already running")
         room = self.max_model_len - len(prompt_token_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        self.requests[request_id] = _Sequence(sum(prompt_token_ids), len(prompt_token_ids), max_tokens)
+        self.requests[request_id] = _Sequence(sum(prompt_token_ids), len(prompt_token_ids), max_tokens, params.logprobs)
         self.waiting.append(request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -132,9 +145,11 @@ class SyntheticEngineCore:
             token = [sequence.next_token()]
             self.num_generated_tokens += 1
             if sequence.generated >= sequence.max_tokens:
-                outputs.append(self._finish(request_id, FinishReason.LENGTH, token))
+                output = self._finish(request_id, FinishReason.LENGTH, token)
             else:
-                outputs.append(EngineOutput(request_id, token, sequence.num_prompt_tokens))
+                output = EngineOutput(request_id, token, sequence.num_prompt_tokens)
+            output.logprobs = sequence.logprobs()
+            outputs.append(output)
         self.running = [r for r in self.running if r in self.requests]
         time.sleep(max(0.0, started + self.rate.step_s - time.monotonic()))
         return outputs

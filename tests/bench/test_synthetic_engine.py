@@ -60,3 +60,27 @@ def test_the_synthetic_engine_answers_as_the_engine_actor_does():
             await real.shutdown()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_request_that_asks_for_logprobs_gets_that_many_alternatives_per_token():
+    async def run() -> None:
+        actor = SyntheticEngineActor(RATE, max_waiting_requests=8)
+        try:
+            await actor.ready()
+            asks = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=5)
+            await actor.add_requests("ingress", [NewRequest("asks", [10, 20], asks), NewRequest("plain", [11, 20], PARAMS)])
+            outputs = []
+            while len([o for o in outputs if o.finish_reason is not None]) < 2:
+                polled = await actor.get_outputs("ingress", 5.0, [])
+                assert isinstance(polled, Polled)
+                outputs += polled.outputs
+            asked = [o for o in outputs if o.request_id == "asks"]
+            assert sum(len(o.new_token_ids) for o in asked) == 3
+            assert all(o.logprobs is not None and len(o.logprobs) == len(o.new_token_ids) for o in asked)
+            assert all(len(entry.top_token_ids) == len(entry.top_logprobs) == 5 for o in asked for entry in o.logprobs)
+            assert all(FIRST_TOKEN_ID <= token for o in asked for entry in o.logprobs for token in entry.top_token_ids)
+            assert all(o.logprobs is None for o in outputs if o.request_id == "plain")
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(run())
