@@ -12,8 +12,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "parallel_chunks.h"
@@ -224,30 +226,115 @@ torch::Tensor matmul(const torch::Tensor& x, int64_t N, int64_t K, Halves halves
   return y;
 }
 
-}  // namespace
+// Whether y[t, n] = value at row n replaces the best so far as torch's max(dim).indices would
+// choose: the first maximum, a NaN counting as the largest value.
+inline bool better(float value, int64_t n, float best, int64_t best_n) {
+  if (std::isnan(best)) return std::isnan(value) && n < best_n;
+  return std::isnan(value) || value > best || (value == best && n < best_n);
+}
 
-// x: [T, K] float32; q: [N, K/2] uint8; scales, mins: [N, K/32] float32 -> [T, N] float32.
-torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor mins) {
+// The index of the first maximum of v[0, count) as torch's max(dim) finds it (the first NaN, if any):
+// the largest value in one pass the compiler vectorizes, then its first place.
+inline int64_t first_maximum(const float* v, int64_t count) {
+  float largest = v[0];
+  bool nan = false;
+  for (int64_t i = 0; i < count; ++i) {
+    largest = v[i] > largest ? v[i] : largest;
+    nan |= v[i] != v[i];
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (nan ? v[i] != v[i] : v[i] == largest) return i;
+  }
+  return 0;
+}
+
+// argmax over n of (x @ W^T)[t, n] for each token t, without the [T, N] result: each chunk of row
+// tiles computes its outputs as `matmul` does (the same values: every output's sum does not depend
+// on the tile or chunk it is computed in) into a buffer, and its best row per token is merged into
+// the result (first maximum: the merge's outcome does not depend on the chunks' order).
+template <typename Halves>
+torch::Tensor argmax(const torch::Tensor& x, int64_t N, int64_t K, Halves halves) {
+  const int64_t T = x.size(0);
+  const float* xp = x.data_ptr<float>();
+  std::vector<float> best(T, -INFINITY);
+  std::vector<int64_t> best_n(T, N);
+  std::mutex merge;
+  parallel_chunks(N / ROWS, [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * ROWS, width = (end - begin) * ROWS;
+    std::vector<float> y(T * width), w(T > TOKENS ? ROWS * K : 0);
+    for (int64_t tile_index = begin; tile_index < end; ++tile_index) {
+      const int64_t n0 = tile_index * ROWS;
+      auto local = [&](int64_t n, int64_t b, f32v& lo, f32v& hi) { halves(n + first, b, lo, hi); };
+      switch (T) {
+        case 1: fused_tile<1>(xp, K, n0 - first, y.data(), width, local); continue;
+        case 2: fused_tile<2>(xp, K, n0 - first, y.data(), width, local); continue;
+        case 3: fused_tile<3>(xp, K, n0 - first, y.data(), width, local); continue;
+        case TOKENS: fused_tile<TOKENS>(xp, K, n0 - first, y.data(), width, local); continue;
+        default: break;
+      }
+      for (int64_t r = 0; r < ROWS; ++r) {
+        dequant_row(K, w.data() + r * K, [&](int64_t b, f32v& lo, f32v& hi) { halves(n0 + r, b, lo, hi); });
+      }
+      for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+        tokens(xp + t0 * K, w.data(), K, y.data() + t0 * width + (n0 - first), width, std::min(TOKEN_BLOCK, T - t0));
+      }
+    }
+    std::vector<int64_t> chunk_n(T);
+    for (int64_t t = 0; t < T; ++t) chunk_n[t] = first + first_maximum(y.data() + t * width, width);
+    std::lock_guard<std::mutex> lock(merge);
+    for (int64_t t = 0; t < T; ++t) {
+      const float value = y[t * width + chunk_n[t] - first];
+      if (better(value, chunk_n[t], best[t], best_n[t])) best[t] = value, best_n[t] = chunk_n[t];
+    }
+  });
+  auto ids = torch::empty({T}, x.options().dtype(torch::kInt64));
+  std::copy(best_n.begin(), best_n.end(), ids.data_ptr<int64_t>());
+  return ids;
+}
+
+// op(x, N, K, halves) for a 4-bit weight (q: [N, K/2] uint8; scales, mins: [N, K/32] float32), arguments checked.
+template <typename Op>
+torch::Tensor on_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, const torch::Tensor& mins, Op op) {
   const int64_t N = q.size(0), K = q.size(1) * 2;
   check(x, q, scales, K);
   TORCH_CHECK(q.scalar_type() == torch::kUInt8 && mins.sizes() == scales.sizes() && mins.is_contiguous(), "bad 4-bit weight");
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const float* dp = scales.data_ptr<float>();
   const float* mp = mins.data_ptr<float>();
-  return matmul(x, N, K, [&](int64_t n, int64_t b, f32v& lo, f32v& hi) { q4_halves(qp + n * (K / 2), dp + n * (K / BLOCK), mp + n * (K / BLOCK), b, lo, hi); });
+  return op(x, N, K, [=](int64_t n, int64_t b, f32v& lo, f32v& hi) { q4_halves(qp + n * (K / 2), dp + n * (K / BLOCK), mp + n * (K / BLOCK), b, lo, hi); });
 }
 
-// x: [T, K] float32; q: [N, K] int8; scales: [N, K/32] float32 -> [T, N] float32.
-torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales) {
+// op(x, N, K, halves) for an 8-bit weight (q: [N, K] int8; scales: [N, K/32] float32), arguments checked.
+template <typename Op>
+torch::Tensor on_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, Op op) {
   const int64_t N = q.size(0), K = q.size(1);
   check(x, q, scales, K);
   TORCH_CHECK(q.scalar_type() == torch::kInt8, "bad 8-bit weight");
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = scales.data_ptr<float>();
-  return matmul(x, N, K, [&](int64_t n, int64_t b, f32v& lo, f32v& hi) { q8_halves(qp + n * K, dp + n * (K / BLOCK), b, lo, hi); });
+  return op(x, N, K, [=](int64_t n, int64_t b, f32v& lo, f32v& hi) { q8_halves(qp + n * K, dp + n * (K / BLOCK), b, lo, hi); });
 }
 
+const auto MATMUL = [](const torch::Tensor& x, int64_t N, int64_t K, auto halves) { return matmul(x, N, K, halves); };
+const auto ARGMAX = [](const torch::Tensor& x, int64_t N, int64_t K, auto halves) { return argmax(x, N, K, halves); };
+
+}  // namespace
+
+// x: [T, K] float32 -> x @ W.T [T, N] float32 for a 4-bit weight.
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor mins) { return on_q4(x, q, scales, mins, MATMUL); }
+
+// x: [T, K] float32 -> x @ W.T [T, N] float32 for an 8-bit weight.
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scales) { return on_q8(x, q, scales, MATMUL); }
+
+// (x @ W.T).max(-1).indices [T] int64 for a 4-bit weight, without the [T, N] result.
+torch::Tensor q4_argmax(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor mins) { return on_q4(x, q, scales, mins, ARGMAX); }
+
+// (x @ W.T).max(-1).indices [T] int64 for an 8-bit weight, without the [T, N] result.
+torch::Tensor q8_argmax(torch::Tensor x, torch::Tensor q, torch::Tensor scales) { return on_q8(x, q, scales, ARGMAX); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_argmax", &q4_argmax, "(x @ W.T).max(-1).indices for 4-bit blocks", py::call_guard<py::gil_scoped_release>());
+  m.def("q8_argmax", &q8_argmax, "(x @ W.T).max(-1).indices for 8-bit blocks", py::call_guard<py::gil_scoped_release>());
   m.def("q4_matmul", &q4_matmul, "x @ W.T for 4-bit blocks (scales, mins)", py::call_guard<py::gil_scoped_release>());
   m.def("q8_matmul", &q8_matmul, "x @ W.T for 8-bit blocks (scales)", py::call_guard<py::gil_scoped_release>());
 }

@@ -230,7 +230,10 @@ class LlamaForCausalLM(nn.Module):
     def argmax_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> [N] int64, ``compute_logits(hidden).max(-1).indices`` (the first
         maximum) without the [N, vocab] logits: on the CPU, writing them out and reading them back
-        costs more than the matmul, so the vocabulary goes ``ARGMAX_VOCAB_CHUNK`` rows at a time."""
+        costs more than the matmul, so a quantized head takes it in its kernel, and another goes
+        ``ARGMAX_VOCAB_CHUNK`` vocabulary rows at a time."""
+        if self.head_blocks is not None:
+            return self.head_blocks.argmax(hidden)
         vocab = self.config.vocab_size
         best_values, best_ids = self.head_logits(hidden, 0, ARGMAX_VOCAB_CHUNK).float().max(dim=-1)
         for start in range(ARGMAX_VOCAB_CHUNK, vocab, ARGMAX_VOCAB_CHUNK):

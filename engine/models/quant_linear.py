@@ -69,6 +69,15 @@ class QuantizedWeight:
             return kernel.q8_matmul(x, self.q, self.scales)
         return kernel.q4_matmul(x, self.q, self.scales, self.mins)
 
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] float32 -> [T] int64, ``self.matmul(x).max(-1).indices`` (the first maximum) in one
+        kernel call that never writes the [T, N] result (an output head's logits: N is the vocabulary)."""
+        kernel = quant_matmul.load()
+        x = x.contiguous()
+        if self.mins is None:
+            return kernel.q8_argmax(x, self.q, self.scales)
+        return kernel.q4_argmax(x, self.q, self.scales, self.mins)
+
 
 def can_compute_quantized(device: torch.device, dtype: torch.dtype, weights: dict[str, QuantizedWeight]) -> bool:
     """Whether the model can keep ``weights`` quantized: on the CPU in float32, where the kernel builds."""

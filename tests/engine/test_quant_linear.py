@@ -54,6 +54,34 @@ def test_a_row_is_the_same_alone_and_in_any_batch(kind):
     assert torch.equal(weight.matmul(x[131:132]), batched[131:132])
 
 
+def plant_row(weight: QuantizedWeight, row: int, direction: torch.Tensor) -> None:
+    """Make weight row ``row`` the largest one along ``direction`` [K]: weights of the largest size, with its signs."""
+    positive = direction > 0
+    weight.scales[row] = 1.0
+    if weight.mins is None:
+        weight.q[row] = torch.where(positive, 127, -127).to(torch.int8)
+        return
+    nibbles = torch.where(positive, 15, 0).to(torch.uint8).view(-1, 2, 16)  # blocks of 32: low halves, high halves
+    weight.q[row] = (nibbles[:, 0] | (nibbles[:, 1] << 4)).flatten()
+    weight.mins[row] = -7.5
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 4, 5, 70])
+def test_argmax_is_the_first_maximum_of_the_product(kind, num_tokens):
+    """The head kernel's argmax equals ``matmul(x).max(-1).indices``, ties included: token i's largest
+    row is repeated later in the weight, and the first must win wherever the chunks split the rows."""
+    weight = random_weight(kind, 5000, 64, seed=3)
+    x = torch.randn(num_tokens, 64, generator=torch.Generator().manual_seed(4))
+    repeat = [(11, 4000), (2500, 2501), (17, 4999)][:num_tokens]
+    for token, (first, later) in enumerate(repeat):
+        for row in (first, later):
+            plant_row(weight, row, x[token])
+    expected = weight.matmul(x).max(dim=-1).indices
+    assert expected[: len(repeat)].tolist() == [first for first, _ in repeat]
+    assert torch.equal(weight.argmax(x), expected)
+
+
 def test_rows_of_the_weight_are_views_of_the_same_product():
     weight = random_weight("q8_0", 256, 64)
     x = torch.randn(5, 64)
