@@ -153,7 +153,10 @@ class ModelRunner:
             order = {id(request): index for index, request in enumerate(previous.step.sampled)}
             targets = self._to_device([flat for flat, _ in step.placeholder_inputs])
             sources = self._to_device([order[id(request)] for _, request in step.placeholder_inputs])
-            input_ids[targets] = previous.last_token_ids[sources]
+            # A previous row left with no token (-1) ends its request when that step is collected, after this
+            # launch: any valid id will do here, and -1 would index the embedding out of range (on CUDA a
+            # device-side assert that ends the process).
+            input_ids[targets] = previous.last_token_ids[sources].clamp(min=0)
         hidden = self._forward(input_ids, step)
         verifies_drafts = any(step.draft_token_ids)
         prompt = None if prompt_rows is None else launch_prompt_logprobs(prompt_rows, hidden, self.model.compute_logits, self.pinned)
@@ -172,10 +175,6 @@ class ModelRunner:
             output = self._sample(step, hidden, rows, masks)
             values = [output.sampled_token_ids]
             last_token_ids = output.sampled_token_ids
-        # -1 marks a row left with no token: its request ends when this step is collected, but the next
-        # step, launched before that, still feeds it (asynchronous scheduling). Any valid id will do there;
-        # -1 would index the embedding out of range, which on CUDA is a device-side assert that ends the process.
-        last_token_ids = last_token_ids.clamp(min=0)
         if output.logprobs is not None:
             lp = output.logprobs
             values += [lp.token_logprobs, lp.token_ranks, lp.top_ids, lp.top_logprobs]
