@@ -1,14 +1,17 @@
 """Engine throughput: prefill and decode tokens/s at batch 1, 16, 64 and 256, per model and dtype.
 
-``python -m bench.engine [--quick] [--model M ...] [--dtype D ...] [--weights W ...] [--cpu-threads N] [--device D] [--out PATH]``
-runs each model in float32 (the reference) and in bfloat16, which the engine picks by default on CUDA
-and on CPUs with AMX tiles (`engine.model_runner.resolve_device`), on CUDA eagerly and with decode
+``python -m bench.engine [--quick] [--model M ...] [--dtype D ...] [--weights W ...] [--cpu-threads N] [--device D] [--profile-steps N] [--out PATH]``
+runs each model in float32 (the reference; the CPU's default) and in bfloat16 (CUDA's default,
+`engine.model_runner.resolve_device`; on a CPU with AMX tiles it runs the matmuls there), on CUDA eagerly and with decode
 steps replayed from CUDA graphs; a GGUF's quantized matrices in float32 on the CPU both through
 their blocks (``quantized``, the default, `engine.models.quant_linear`) and dequantized to float32
 at load (``dequantized``); prints a table and writes bench/results/engine.json (or ``--out``)
 with rows {device, model, dtype, default_dtype, cuda_graphs, quantized_weights, threads, phase, batch, tokens_per_s,
 step_ms, cpu_ms}: ``cpu_ms`` is the process's CPU time per step (all its threads), which a loaded machine
-inflates less than ``step_ms`` when the engine runs on one thread (``--cpu-threads 1``). A random-weights model (`engine.loader.random_weights`) has its
+inflates less than ``step_ms`` when the engine runs on one thread (``--cpu-threads 1``). ``--profile-steps N``
+adds ``profiles``: for each run, N decode steps at the smallest and largest batch under torch's profiler
+(`bench.lib.step_profile`: wall and device-busy time per step, top kernels, host operators and CUDA
+runtime calls), which `make gpu-check` asks for to see what a step's time is on a GPU. A random-weights model (`engine.loader.random_weights`) has its
 weights made on the device it runs on: an 8B shape in bfloat16 takes 16 GB there and none on the host.
 """
 
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.lib.common import device_label, print_table, quietness, write_results
+from bench.lib.step_profile import profile_decode, profile_lines
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint, random_checkpoint
@@ -64,10 +68,14 @@ def model_checkpoint(model: str, device: torch.device, dtypes: list[str]) -> Che
     return random_checkpoint(model, device=device, dtype=torch.float32 if "float32" in dtypes else torch.bfloat16)
 
 
-def bench_model(model: str, args: argparse.Namespace, prompt_len: int, decode_tokens: int, repeats: int) -> list[dict[str, object]]:
+def bench_model(
+    model: str, args: argparse.Namespace, prompt_len: int, decode_tokens: int, repeats: int
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The rows of ``model``'s runs, and their decode profiles (when ``--profile-steps`` asks)."""
     device = resolve_device(EngineConfig(device=args.device))[0]
     checkpoint = model_checkpoint(model, device, args.dtype)
     rows: list[dict[str, object]] = []
+    profiles: list[dict[str, object]] = []
     runs = [(dtype, graphs, weights) for dtype in args.dtype for graphs in ((False, True) if device.type == "cuda" else (False,)) for weights in args.weights]
     for dtype, cuda_graphs, weights in runs:
         if weights == "quantized" and (dtype != "float32" or device.type != "cpu" or not checkpoint.quantized) and "dequantized" in args.weights:
@@ -84,13 +92,19 @@ def bench_model(model: str, args: argparse.Namespace, prompt_len: int, decode_to
             quantized_weights=weights == "quantized",
             cpu_threads=args.cpu_threads,
         )
-        rows += bench_engine(EngineCore(config, checkpoint), args, prompt_len, decode_tokens, repeats)
+        engine = EngineCore(config, checkpoint)
+        rows += bench_engine(engine, args, prompt_len, decode_tokens, repeats)
+        if args.profile_steps:
+            labels = {key: rows[-1][key] for key in ("model", "dtype", "cuda_graphs", "quantized_weights")}
+            for batch in sorted({min(args.batch), max(args.batch)}):
+                profiles.append({**labels, "batch": batch, **profile_decode(engine, batch, prompt_len, args.profile_steps).as_row()})
+        del engine
         gc.collect()  # the engine's KV cache and graphs go before the next one allocates its own
     del checkpoint
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+    return rows, profiles
 
 
 def bench_engine(engine: EngineCore, args: argparse.Namespace, prompt_len: int, decode_tokens: int, repeats: int) -> list[dict[str, object]]:
@@ -144,14 +158,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--device", default=None)
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads on the CPU (default every core)")
+    parser.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps of each run at the smallest and largest batch")
     parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/engine.json)")
     args = parser.parse_args(argv)
     prompt_len, decode_tokens, repeats = (32, 8, 1) if args.quick else (128, 32, 3)
     load_average_before = os.getloadavg()[0]
-    rows = [row for model in args.model for row in bench_model(model, args, prompt_len, decode_tokens, repeats)]
+    rows: list[dict[str, object]] = []
+    profiles: list[dict[str, object]] = []
+    for model in args.model:
+        model_rows, model_profiles = bench_model(model, args, prompt_len, decode_tokens, repeats)
+        rows, profiles = rows + model_rows, profiles + model_profiles
     print_table(rows)
+    for entry in profiles:
+        print(f"profile: {entry['model']} {entry['dtype']} graphs {entry['cuda_graphs']}, decode at batch {entry['batch']}")
+        print("\n".join(profile_lines(entry)))
+    extra = {"profiles": profiles} if args.profile_steps else {}
     path = write_results(
-        "engine", rows, args.out, prompt_len=prompt_len, decode_tokens=decode_tokens, repeats=repeats, quick=args.quick, **quietness(load_average_before)
+        "engine",
+        rows,
+        args.out,
+        prompt_len=prompt_len,
+        decode_tokens=decode_tokens,
+        repeats=repeats,
+        quick=args.quick,
+        **quietness(load_average_before),
+        **extra,
     )
     print(f"wrote {path}")
 

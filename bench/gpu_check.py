@@ -89,18 +89,18 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         tiny = "--device cpu --model tiny-random"
         return [
             bench("device_match", "bench.device_match", f"{tiny} --prompts 2 --tokens 4", 300),
-            bench("engine", "bench.engine", f"{tiny} --quick --dtype float32 --batch 1 2", 300),
-            bench("sampler", "bench.sampler", "--device cpu --batch 1 --vocab 4096 --budget-s 0", 300),
+            bench("engine", "bench.engine", f"{tiny} --quick --dtype float32 --batch 1 2 --profile-steps 2", 300),
+            bench("sampler", "bench.sampler", "--device cpu --batch 1 --vocab 4096 --budget-s 0 --profile-calls 2", 300),
             bench("engine_concurrency", "bench.engine_concurrency", f"{tiny} --quick", 300),
             tests("tests/sampling/test_sampling_params.py", 300),
         ]
     return [
         bench("device_match", "bench.device_match", "--device cuda", 45),
-        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random", 80),
-        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16", 65),
-        bench("sampler", "bench.sampler", "--device cuda --batch 1 32 128 256 --vocab 49152 128256 --budget-s 0.1", 70),
+        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random --profile-steps 8", 95),
+        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16 --profile-steps 8", 75),
+        bench("sampler", "bench.sampler", "--device cuda --batch 1 32 128 256 --vocab 49152 128256 --budget-s 0.1 --profile-calls 5", 70),
         bench("engine_concurrency", "bench.engine_concurrency", "--device cuda --model smollm2-shape-random", 65),
-        tests(f"--timeout=120 {' '.join(cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py", 215),
+        tests(f"--timeout=120 {' '.join(cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py", 190),
     ]
 
 

@@ -1,6 +1,6 @@
 """Sampler latency: ours against a sort-based torch reference, on the same logits.
 
-``python -m bench.sampler [--quick] [--device D] [--batch B ...] [--vocab V ...] [--budget-s S] [--out PATH]``
+``python -m bench.sampler [--quick] [--device D] [--batch B ...] [--vocab V ...] [--budget-s S] [--profile-calls N] [--out PATH]``
 prints a table and writes bench/results/sampler.json (or ``--out``) with rows {device, batch, vocab, config, ours_ms, reference_ms,
 kernel, passes_mean, passes_max, counted_passes_mean}, torch's intra-op thread count and the machine's quietness (load
 average when it began).
@@ -9,6 +9,11 @@ The pass columns are the Triton kernel's reads of [B, V] per row (`bench.lib.sam
 runs under ``TRITON_INTERPRET=1`` on the first ``--pass-rows`` rows (a row's passes do not depend on the others)
 and its loads are counted; on CUDA every row reports its own count. ``ours_ms`` is the CPU's torch path on the
 CPU and the Triton path on CUDA.
+
+``--profile-calls N`` adds ``profiles``: at the largest batch and vocabulary, N calls of ours and of the
+reference per configuration under torch's profiler (`bench.lib.step_profile`): wall against device-busy time
+per call, the kernels, and the host's operators and CUDA runtime calls, which tell the kernels' own time
+from the launches around them.
 
 The reference is what vLLM runs without FlashInfer or its Triton top-k/top-p: penalties
 from per-step bin counts, temperature, min-p, a full sort of the vocabulary for
@@ -33,6 +38,7 @@ import torch
 
 from bench.lib.common import print_table, quietness, write_results
 from bench.lib.sampler_passes import interpreter_ready, kernel_passes
+from bench.lib.step_profile import profile_calls, profile_lines
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -199,6 +205,18 @@ def bench_one(batch_size: int, vocab: int, config: str, device: torch.device, bu
     }
 
 
+def profile_one(batch_size: int, vocab: int, config: str, device: torch.device, calls: int) -> list[dict[str, object]]:
+    """Ours and the reference, ``calls`` calls each under the profiler, after a warm-up call."""
+    s = setup(batch_size, vocab, config, device)
+    sampler, reference = Sampler(), reference_sampler(s.params, s.prompts, s.outputs)
+    entries = []
+    for name, call in (("ours", lambda: sampler(s.logits, s.rows, s.batch)), ("reference", lambda: reference(s.logits))):
+        call()
+        profiled = profile_calls(call, calls, device.type == "cuda").as_row()
+        entries.append({"batch": batch_size, "vocab": vocab, "config": config, "sampler": name, **profiled})
+    return entries
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -216,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", nargs="+", type=int, default=None, help=f"default {BATCHES} (quick: 1 32)")
     parser.add_argument("--vocab", nargs="+", type=int, default=None, help=f"default {VOCABS} (quick: 49152)")
     parser.add_argument("--budget-s", type=float, default=None, help="seconds of timed runs per measurement after 3 (default 1, quick 0.2)")
+    parser.add_argument("--profile-calls", type=int, default=0, help="profile this many calls per configuration at the largest batch and vocabulary")
     parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default bench/results/sampler.json)")
     parser.add_argument("--pass-rows", type=int, default=PASS_ROWS, help=f"rows whose kernel passes are counted on the CPU (default {PASS_ROWS}; 0: none)")
     args = parser.parse_args(argv)
@@ -235,6 +254,12 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{config:>16} batch {batch_size:>3} vocab {vocab:>6}: ours {row['ours_ms']:9.2f} ms, "
                       f"reference {row['reference_ms']:9.2f} ms ({speedup:.1f}x), kernel passes "
                       f"{row.get('passes_mean')} (max {row.get('passes_max')})", flush=True)  # fmt: skip
+    profiles = (
+        [entry for config in CONFIGS for entry in profile_one(max(batches), max(vocabs), config, device, args.profile_calls)] if args.profile_calls else []
+    )
+    for entry in profiles:
+        print(f"profile: {entry['sampler']} {entry['config']} batch {entry['batch']} vocab {entry['vocab']}")
+        print("\n".join(profile_lines(entry, shown=4)))
     print()
     print_table([{**r, "speedup": round(r["reference_ms"] / r["ours_ms"], 2)} for r in rows])  # type: ignore[operator]
     extra = {
@@ -245,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "pass_rows": pass_rows if device.type == "cpu" else "all",
         **quietness(load_before),
+        **({"profiles": profiles} if args.profile_calls else {}),
     }
     path = write_results("sampler", rows, args.out, **extra)
     print(f"\nwrote {path}")

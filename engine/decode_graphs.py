@@ -29,6 +29,7 @@ import torch
 from engine.kv.kv_cache import PagedKVCache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata, ScheduledChunk
 from engine.models.llama import LlamaForCausalLM
+from sampling.device_copy import to_device
 
 POSITION, BLOCK, OFFSET, SEQ_LEN = range(4)
 INPUT_COLUMNS = 4
@@ -100,7 +101,7 @@ class DecodeGraphs:
         batch = len(chunks)
         size = self.bucket(batch)
         host = self._host_inputs(chunks, size)
-        self.inputs[:size, : host.shape[1]].copy_(host, non_blocking=True)
+        self.inputs[:size, : host.shape[1]].copy_(to_device(host, self.inputs.device))
         self.input_ids[:batch].copy_(input_ids)
         return self.replays[size]()[:batch]
 

@@ -28,6 +28,7 @@ from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_pr
 from engine.request import Request
 from engine.scheduler import ScheduledStep
 from sampling.batch import SamplingBatch
+from sampling.device_copy import to_device, values_to_device
 from sampling.ops.masks import GrammarMask
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler, SamplerOutput
@@ -170,7 +171,7 @@ class ModelRunner:
             grammar = self._grammar_mask(masks)
             output = self.sampler.verify(logits, rows, self._to_device(drafts), cu_num_rows, self.sampling_batch, grammar)
             values = [output.token_ids, output.num_emitted]
-            last_token_ids = output.token_ids[cu_num_rows[:-1].to(self.device, non_blocking=True) + output.num_emitted - 1]
+            last_token_ids = output.token_ids[to_device(cu_num_rows[:-1], self.device) + output.num_emitted - 1]
         else:
             output = self._sample(step, hidden, rows, masks)
             values = [output.sampled_token_ids]
@@ -224,7 +225,7 @@ class ModelRunner:
         """Wait for the bitmasks being filled and send them to the device."""
         if masks is None:
             return None
-        bitmask = masks.bitmask.result().to(self.device, non_blocking=self.pinned)
+        bitmask = to_device(masks.bitmask.result(), self.device)
         return GrammarMask(bitmask, self._to_device(masks.rows))
 
     def _guided_logits(self, step: ScheduledStep, hidden: torch.Tensor) -> torch.Tensor:
@@ -235,12 +236,12 @@ class ModelRunner:
             return logits
         conditional, unconditional = logits[:num_rows], logits[num_rows:]
         guided_rows = self._to_device(step.guided_rows)
-        scales = torch.tensor(step.guidance_scales, dtype=logits.dtype).to(self.device, non_blocking=True)[:, None]
+        scales = values_to_device(step.guidance_scales, logits.dtype, self.device)[:, None]
         conditional[guided_rows] = unconditional + scales * (conditional[guided_rows] - unconditional)
         return conditional
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+        return values_to_device(values, torch.int64, self.device)
 
     def collect(self, in_flight: InFlightStep) -> list[SampledTokens]:
         """Wait for this step's copies only (an event, not a device-wide sync); one entry per

@@ -23,6 +23,7 @@ import torch
 from engine.outputs import PromptLogprobs, TokenLogprobs
 from engine.request import Request
 from engine.scheduler import ScheduledStep
+from sampling.device_copy import values_to_device
 from sampling.logprobs import compute_prompt_logprobs
 
 ROWS_PER_SLICE = 256
@@ -70,8 +71,8 @@ def launch_prompt_logprobs(
     plan: PromptRows, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], pinned: bool
 ) -> PromptLogprobsInFlight:
     """hidden: [T, hidden] of the step -> the planned rows' logprobs, copying to the host (pinned: without waiting)."""
-    rows = torch.tensor(plan.rows, dtype=torch.int64).to(hidden.device, non_blocking=True)
-    targets = torch.tensor(plan.next_token_ids, dtype=torch.int64).to(hidden.device, non_blocking=True)
+    rows = values_to_device(plan.rows, torch.int64, hidden.device)
+    targets = values_to_device(plan.next_token_ids, torch.int64, hidden.device)
     parts = []
     for start in range(0, len(plan.rows), ROWS_PER_SLICE):
         logits = compute_logits(hidden[rows[start : start + ROWS_PER_SLICE]])

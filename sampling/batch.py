@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sampling.device_copy import to_device, values_to_device
 from sampling.features import Feature, row_features
 from sampling.ops.masks import AllTokensMaskedError
 from sampling.ops.seeded_noise import seed_key
@@ -186,8 +187,8 @@ class SamplingBatch:
             "is_greedy": int(greedy),
             "has_seed": int(params.seed is not None),
         }
-        self._floats[row] = torch.tensor(floats, dtype=torch.float32)
-        self._ints[row] = torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64)
+        self._floats[row] = values_to_device(floats, torch.float32, self.device)
+        self._ints[row] = values_to_device([ints[name] for name in INT_COLUMNS], torch.int64, self.device)
         self.output_pos[row] = 0
 
     def _allocate(self, features: set[Feature]) -> None:
@@ -217,13 +218,13 @@ class SamplingBatch:
     ) -> None:
         """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""
         self._allocate(features)
-        prompt_ids = torch.tensor(prompt, dtype=torch.int64).to(self.device)
+        prompt_ids = values_to_device(prompt, torch.int64, self.device)
         if self.output_counts is not None:
             self.output_counts[row] = 0
         if self.allowed is not None:
             self.allowed[row] = params.allowed_token_ids is None
             if params.allowed_token_ids is not None:
-                self.allowed[row, torch.tensor(params.allowed_token_ids, device=self.device)] = True
+                self.allowed[row, values_to_device(params.allowed_token_ids, torch.int64, self.device)] = True
         if self.history is not None and self.history_len is not None:
             n = min(len(prompt), self.max_model_len)
             self.history[row] = -1
@@ -231,7 +232,7 @@ class SamplingBatch:
             self.history_len[row] = n
         if self.dry_breaker_mask is not None:
             self.dry_breaker_mask[row] = False
-            self.dry_breaker_mask[row, torch.tensor(dry_breakers, dtype=torch.int64, device=self.device)] = True
+            self.dry_breaker_mask[row, values_to_device(dry_breakers, torch.int64, self.device)] = True
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -255,7 +256,7 @@ class SamplingBatch:
         if cu_num_rows is None:
             slots, offsets = rows, None
         else:
-            request, offsets = segment_rows(cu_num_rows.to(rows.device), token_ids.shape[0])
+            request, offsets = segment_rows(to_device(cu_num_rows, rows.device), token_ids.shape[0])
             slots = rows[request]
         emitted = token_ids >= 0
         self.output_pos.index_add_(0, slots, emitted.to(torch.int64))

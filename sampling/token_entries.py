@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sampling.device_copy import to_device
 from sampling.params import SamplingParams
 from sampling.tokenized import TokenizedStrings
 
@@ -90,7 +91,7 @@ class TokenEntries:
 
     def _concatenate(self, parts: list[EntryTable]) -> EntryTable:
         def cat(name: str) -> torch.Tensor:
-            return torch.cat([getattr(part, name) for part in parts]).to(self.device, non_blocking=True)
+            return to_device(torch.cat([getattr(part, name) for part in parts]), self.device)
 
         return EntryTable(
             slot=cat("slot"),

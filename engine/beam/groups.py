@@ -22,6 +22,7 @@ from engine.beam.search import BeamSpec, Candidates, advance, best
 from engine.outputs import EngineOutput, FinishReason, Hypothesis, RequestError
 from engine.request import Request
 from engine.scheduler import ScheduledStep, Scheduler
+from sampling.device_copy import to_device
 from sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class BeamGroups:
         if params.allowed_token_ids is not None:
             bias = torch.full((vocab_size,), -torch.inf)
             bias[params.allowed_token_ids] = 0.0
-            bias = bias.to(self.runner.device)
+            bias = to_device(bias, self.runner.device)
         spec = BeamSpec.of(params, len(prompt_token_ids), self.max_model_len, self.eos_token_ids)
         group = BeamGroup(request_id, spec, list(prompt_token_ids), bias, beams=[Hypothesis((), 0.0)])
         self.groups[request_id] = group

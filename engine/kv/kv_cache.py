@@ -7,6 +7,7 @@ import os
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from sampling.device_copy import values_to_device
 
 CPU_MEMORY_FRACTION = 0.1
 """Default share of the machine's available memory for the KV cache on the CPU."""
@@ -38,8 +39,8 @@ class PagedKVCache:
             return
         last_source = {destination: source for source, destination in copies}
         device = self.keys[0].device
-        sources = torch.tensor(list(last_source.values()), dtype=torch.int64).to(device, non_blocking=True)
-        destinations = torch.tensor(list(last_source), dtype=torch.int64).to(device, non_blocking=True)
+        sources = values_to_device(list(last_source.values()), torch.int64, device)
+        destinations = values_to_device(list(last_source), torch.int64, device)
         for cache in (*self.keys, *self.values):
             cache[destinations] = cache[sources]
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sampling.device_copy import to_device
+
 SHORT_CHUNK_TOKENS = 32
 
 
@@ -78,10 +80,10 @@ def build_attention_metadata(
     members_by_class = [[i for i, size in enumerate(size_classes) if size == wanted] for wanted in range(3)]
     groups = [_group([chunks[i] for i in members], [starts[i] for i in members], num_tokens, block_size) for members in members_by_class if members]
     return AttentionMetadata(
-        blocks=blocks.to(device),
-        offsets=(positions % block_size).to(device),
-        positions=positions.to(device),
-        groups=[AttentionGroup(g.token_index.to(device), g.block_tables.to(device), g.mask.to(device), g.seq_lens.to(device)) for g in groups],
+        blocks=to_device(blocks, device),
+        offsets=to_device(positions % block_size, device),
+        positions=to_device(positions, device),
+        groups=[AttentionGroup(*(to_device(t, device) for t in (g.token_index, g.block_tables, g.mask, g.seq_lens))) for g in groups],
         decode_kernel=decode_kernel,
         rope_kernel=rope_kernel,
     )

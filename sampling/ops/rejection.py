@@ -30,7 +30,7 @@ def accept_or_recover(c: Candidates, drafts: torch.Tensor, row_keys: torch.Tenso
     is_draft = c.token_ids() == drafts[:, None]
     others = weights.masked_fill(is_draft, 0.0)
     p_draft = (weights * is_draft).sum(dim=-1) / weights.sum(dim=-1)
-    coin = uniform(row_keys, torch.tensor([ACCEPT_COIN_TOKEN], device=row_keys.device)).squeeze(1)
+    coin = uniform(row_keys, torch.full((1,), ACCEPT_COIN_TOKEN, dtype=torch.int64, device=row_keys.device)).squeeze(1)
     accepted = (drafts >= 0) & ((coin <= p_draft) | (others.amax(dim=-1) == 0))
     return torch.where(accepted, drafts, draw(c, row_keys, others)), accepted
 
