@@ -88,8 +88,9 @@ class SamplingBatch:
         self.uses: Counter[Feature] = Counter()
         self._features: list[set[Feature]] = [set() for _ in range(max_num_rows)]
         with torch.inference_mode(False):  # updated in place, in and out of inference mode
-            self._floats = torch.zeros(max_num_rows, len(FLOAT_COLUMNS), dtype=torch.float32, device=self.device)
-            self._ints = torch.zeros(max_num_rows, len(INT_COLUMNS), dtype=torch.int64, device=self.device)
+            # One row per parameter, one column per slot: a step's gather gives each parameter contiguous.
+            self._floats = torch.zeros(len(FLOAT_COLUMNS), max_num_rows, dtype=torch.float32, device=self.device)
+            self._ints = torch.zeros(len(INT_COLUMNS), max_num_rows, dtype=torch.int64, device=self.device)
             self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
         self.entries = TokenEntries(max_num_rows, self.device)
         # Lazily allocated when the first row needing them joins: [R, V] or [R, max_model_len].
@@ -187,8 +188,8 @@ class SamplingBatch:
             "is_greedy": int(greedy),
             "has_seed": int(params.seed is not None),
         }
-        self._floats[row] = values_to_device(floats, torch.float32, self.device)
-        self._ints[row] = values_to_device([ints[name] for name in INT_COLUMNS], torch.int64, self.device)
+        self._floats[:, row] = values_to_device(floats, torch.float32, self.device)
+        self._ints[:, row] = values_to_device([ints[name] for name in INT_COLUMNS], torch.int64, self.device)
         self.output_pos[row] = 0
 
     def _allocate(self, features: set[Feature]) -> None:
@@ -238,10 +239,10 @@ class SamplingBatch:
 
     def gather(self, rows: torch.Tensor) -> RowParams:
         """Per-row parameters of ``rows`` ([n] int64 slot indices), each [n]."""
-        floats = self._floats[rows]
-        ints = self._ints[rows]
-        values = {name: floats[:, i] for i, name in enumerate(FLOAT_COLUMNS)}
-        values |= {name: ints[:, i] for i, name in enumerate(INT_COLUMNS)}
+        floats = self._floats[:, rows]  # [len(FLOAT_COLUMNS), n]: each parameter's values contiguous, as kernels read them
+        ints = self._ints[:, rows]
+        values = {name: floats[i] for i, name in enumerate(FLOAT_COLUMNS)}
+        values |= {name: ints[i] for i, name in enumerate(INT_COLUMNS)}
         values["is_greedy"] = values["is_greedy"].bool()
         values["has_seed"] = values["has_seed"].bool()
         return RowParams(**values, output_pos=self.output_pos[rows])

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from sampling.batch import RowParams, SamplingBatch
+from sampling.device_copy import to_device
 from sampling.features import TRUNCATIONS, Feature
 from sampling.logprobs import LogprobsTensors, gather_logprobs
 from sampling.ops.draw import Draw, draw, whole_vocab_race
@@ -30,7 +31,7 @@ from sampling.ops.dry import apply_dry
 from sampling.ops.masks import GrammarMask, apply_allowed, apply_grammar_mask, apply_token_entries, check_some_token_left, rows_left_empty
 from sampling.ops.penalties import apply_penalties, seen_tokens
 from sampling.ops.rejection import accept_or_recover, first_rejection
-from sampling.ops.seeded_noise import row_keys, uniform
+from sampling.ops.seeded_noise import random_keys, row_keys, uniform
 from sampling.ops.segments import max_rows_bound
 from sampling.ops.top_tokens import ScaledLogits, block_maxima, first_argmax, scaled_logits
 from sampling.ops.truncation import Candidates, apply_truncations, top_candidates, whole_vocab
@@ -139,7 +140,7 @@ class Sampler:
         bonus token after k accepted drafts); ``batch`` records them. ``grammar``: a bitmask for every
         row of each constrained request, row ``cu[i] + j`` the grammar's state after its drafts before it.
         """
-        rows, drafts, cu = (t.to(logits.device) for t in (rows, draft_token_ids, cu_num_rows))
+        rows, drafts, cu = (to_device(t, logits.device) for t in (rows, draft_token_ids, cu_num_rows))
         view = RowView.of(batch, rows).with_drafts(drafts, cu, max_rows_bound(cu_num_rows, logits.shape[0]))
         out = self._run(logits, view, grammar)
         assert out.accepted is not None
@@ -179,7 +180,7 @@ class Sampler:
             from sampling.triton.top_set_launch import top_set_sample
 
             # One launch for every row: greedy rows get their argmax there, the others never pay for one.
-            drawn = top_set_sample(logits, p, row_keys(p.seed_key, p.has_seed, p.output_pos), _stages(batch))
+            drawn = top_set_sample(logits, p, random_keys(logits.shape[0], logits.device), _stages(batch))
             return _Rows(drawn.token_ids, None, raw)
         if maxima is None:
             maxima = _cpu_block_maxima(logits)
@@ -217,7 +218,7 @@ class Sampler:
         if not stages:
             c = whole_vocab(logits / p.temperature[:, None])
             return _draw_candidates(c, keys, view.drafts, logits.shape[1], need_processed)
-        coin = uniform(keys, torch.tensor([XTC_COIN_TOKEN], device=keys.device)).squeeze(1)
+        coin = uniform(keys, torch.full((1,), XTC_COIN_TOKEN, dtype=torch.int64, device=keys.device)).squeeze(1)
         rows = _Truncation(scaled_logits(logits, p.temperature, maxima), p, keys, coin, view.drafts)
         return _truncate_and_draw(rows, stages, self._widths(batch, logits.shape[1]), need_processed)
 

@@ -46,13 +46,13 @@ def kernel_passes(logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch
     real = top_set_launch.top_set_sample
     interpret = logits.device.type == "cpu"
 
-    def recorded(lg, p, keys, stages):  # noqa: ANN001, ANN202
+    def recorded(lg, p, random_keys, stages):  # noqa: ANN001, ANN202
         if not interpret:
-            drawn = real(lg, p, keys, stages)
+            drawn = real(lg, p, random_keys, stages)
             launches.append((drawn.passes.cpu().numpy(), None))
             return drawn
         with counting_reads(lg) as reads:
-            drawn = real(lg, p, keys, stages)
+            drawn = real(lg, p, random_keys, stages)
         launches.append((drawn.passes.numpy(), reads.passes()))
         return drawn
 

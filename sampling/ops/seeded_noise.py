@@ -54,8 +54,12 @@ def row_keys(seed_keys: torch.Tensor, has_seed: torch.Tensor, output_pos: torch.
     """
     low, high = seed_keys & MASK32, (seed_keys >> 32) & MASK32
     seeded = fmix32(low ^ fmix32(high ^ fmix32(output_pos & MASK32)))
-    random = torch.randint(0, 2**32, seeded.shape, dtype=torch.int64, device=seeded.device)
-    return torch.where(has_seed, seeded, random)
+    return torch.where(has_seed, seeded, random_keys(seeded.shape[0], seeded.device))
+
+
+def random_keys(num_rows: int, device: torch.device) -> torch.Tensor:
+    """[num_rows] uint32-in-int64 keys from the device's default generator: the unseeded rows' keys of a step."""
+    return torch.randint(0, 2**32, (num_rows,), dtype=torch.int64, device=device)
 
 
 def uniform(row_key: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,16 @@ def fmix32(x):
 
 
 @triton.jit
+def row_key(seed_key, has_seed, output_pos, random_key):
+    """A row's uint32 key, as `sampling.ops.seeded_noise.row_keys`: seed_key, output_pos and random_key
+    int64 [R] (random_key in [0, 2**32)), has_seed bool [R]."""
+    low = (seed_key & 0xFFFFFFFF).to(tl.uint32)
+    high = ((seed_key >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    seeded = fmix32(low ^ fmix32(high ^ fmix32((output_pos & 0xFFFFFFFF).to(tl.uint32))))
+    return tl.where(has_seed, seeded, random_key.to(tl.uint32))
+
+
+@triton.jit
 def uniform32(key, token):
     """u in (0, 1) float32: key uint32 [R, 1] (or [R]) against token ids uint32 [1, C] (or [C]), broadcast."""
     h = fmix32(key ^ fmix32(token * 0x9E3779B9 + 0x632BE5AB))

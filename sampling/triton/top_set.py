@@ -37,7 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sampling.triton.noise import merge_winner, race_key
+from sampling.triton.noise import merge_winner, race_key, row_key
 
 ONE_BITS_PLUS_ONE = tl.constexpr(0x3F800001)  # bits(1.0) + 1: above every weight
 MAX_PASSES = tl.constexpr(4096)  # a bound that only malformed rows (NaN logits) reach
@@ -165,19 +165,25 @@ def _narrow(hist, above, k, k_lo, k_hi, shift, NUM_BINS: tl.constexpr):
 
 @triton.jit
 def top_set_sample_kernel(
-    logits_ptr, stride, temperature_ptr, greedy_ptr, min_p_ptr, top_k_ptr, top_p_ptr, key_ptr, token_ptr,
-    passes_ptr, n_rows, V,
+    logits_ptr, stride, temperature_ptr, greedy_ptr, min_p_ptr, top_k_ptr, top_p_ptr,
+    seed_key_ptr, has_seed_ptr, output_pos_ptr, random_key_ptr, token_ptr, passes_ptr, n_rows, V,
     HAS_MIN_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, NUM_BINS: tl.constexpr,
 ):  # fmt: skip
     """logits [n, V] (row stride ``stride``), temperature / min_p / top_p [n] float32, top_k [n] int64,
-    greedy [n] bool, key [n] uint32-in-int64 -> token [n] int64 (greedy rows: the first argmax), passes [n] int32."""
+    greedy [n] bool; each row's race key (`noise.row_key`) from seed_key / output_pos / random_key [n] int64 and
+    has_seed [n] bool -> token [n] int64 (greedy rows: the first argmax), passes [n] int32."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     row_off = rows.to(tl.int64) * stride
     greedy = tl.load(greedy_ptr + rows, mask=row_mask, other=0) != 0
     temperature = tl.load(temperature_ptr + rows, mask=row_mask, other=1.0)
-    key = tl.load(key_ptr + rows, mask=row_mask, other=0).to(tl.uint32)
+    key = row_key(
+        tl.load(seed_key_ptr + rows, mask=row_mask, other=0),
+        tl.load(has_seed_ptr + rows, mask=row_mask, other=0) != 0,
+        tl.load(output_pos_ptr + rows, mask=row_mask, other=0),
+        tl.load(random_key_ptr + rows, mask=row_mask, other=0),
+    )
     row_max, token = _first_pass(logits_ptr, row_off, row_mask, greedy, key, V, temperature, BLOCK_R, BLOCK_V)
     passes = row_mask.to(tl.int32)
     t_min = tl.zeros([BLOCK_R], tl.float32)

@@ -40,11 +40,14 @@ def block_sizes(num_rows: int, vocab_size: int, interpret: bool) -> tuple[int, i
     return min(triton.next_power_of_2(num_rows), rows), block_v
 
 
-def top_set_sample(logits: torch.Tensor, p: RowParams, row_keys: torch.Tensor, stages: frozenset[Feature], blocks: tuple[int, int] | None = None) -> TopSetDraw:
+def top_set_sample(
+    logits: torch.Tensor, p: RowParams, random_keys: torch.Tensor, stages: frozenset[Feature], blocks: tuple[int, int] | None = None
+) -> TopSetDraw:
     """Temperature, the ``stages`` (a subset of `TOP_SET_STAGES`) and the draw for every row in one launch;
     greedy rows get their first argmax.
 
-    logits: [n, V] float32 (row stride any, unit column stride); p: the rows' parameters; row_keys [n] uint32-in-int64;
+    logits: [n, V] float32 (row stride any, unit column stride); p: the rows' parameters; random_keys [n]
+    uint32-in-int64, the unseeded rows' keys (`seeded_noise.random_keys`; the kernel computes the seeded rows' own);
     blocks: (BLOCK_R, BLOCK_V) instead of `block_sizes` (tests run the GPU's tiling in the interpreter).
     """
     assert stages <= TOP_SET_STAGES, stages
@@ -54,7 +57,7 @@ def top_set_sample(logits: torch.Tensor, p: RowParams, row_keys: torch.Tensor, s
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
     passes = torch.empty(n, dtype=torch.int32, device=logits.device)
     block_r, block_v = blocks or block_sizes(n, vocab, triton.knobs.runtime.interpret)
-    columns = (p.temperature, p.is_greedy, p.min_p, p.top_k, p.top_p, row_keys)
+    columns = (p.temperature, p.is_greedy, p.min_p, p.top_k, p.top_p, p.seed_key, p.has_seed, p.output_pos, random_keys)
     top_set_sample_kernel[(triton.cdiv(n, block_r),)](
         logits, logits.stride(0), *(c.contiguous() for c in columns), tokens, passes, n, vocab,
         HAS_MIN_P=Feature.MIN_P in stages, HAS_TOP_K=Feature.TOP_K in stages, HAS_TOP_P=Feature.TOP_P in stages,

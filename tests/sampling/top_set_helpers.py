@@ -6,7 +6,7 @@ import torch
 
 from sampling.batch import SamplingBatch
 from sampling.features import TRUNCATIONS
-from sampling.ops.seeded_noise import row_keys
+from sampling.ops.seeded_noise import random_keys
 from sampling.params import SamplingParams
 from sampling.triton.top_set_launch import TopSetDraw, top_set_sample
 from sampling.view import RowView
@@ -20,4 +20,4 @@ def run_top_set(params: list[SamplingParams], logits: torch.Tensor, blocks: tupl
         batch.add_request(row, p, [0])
     p = RowView.of(batch, torch.arange(n, device=logits.device)).params
     stages = frozenset(feature for feature in TRUNCATIONS if batch.uses[feature] > 0)
-    return top_set_sample(logits, p, row_keys(p.seed_key, p.has_seed, p.output_pos), stages, blocks)
+    return top_set_sample(logits, p, random_keys(n, logits.device), stages, blocks)
