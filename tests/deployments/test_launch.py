@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -71,9 +72,20 @@ def dead_pid() -> int:
     return process.pid
 
 
+def wait_for_its_environment(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Until ``process``'s environment can be read. Popen returns once the child has begun its exec, and for
+    a moment after that /proc/<pid>/environ can still be empty (the kernel sets the new environment up
+    after the parent resumes): on a loaded machine about one read in five right after Popen misses it."""
+    deadline = time.monotonic() + timeout_s
+    while LAUNCH_ENV not in psutil.Process(process.pid).environ():
+        assert time.monotonic() < deadline, "the child's environment never showed its mark"
+        time.sleep(0.01)
+
+
 def test_a_start_ends_what_a_dead_launcher_left(capsys):
     left = subprocess.Popen(["sleep", "600"], env=os.environ | {LAUNCH_ENV: str(dead_pid())})
     try:
+        wait_for_its_environment(left)
         clear_stale_launches()
         left.wait(timeout=10)  # reaped by then: its status is gone
         assert not psutil.pid_exists(left.pid)
