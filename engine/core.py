@@ -9,7 +9,7 @@ import torch
 
 from engine.beam.groups import BeamGroups
 from engine.beam.params import check_beam_params
-from engine.config import EngineConfig
+from engine.config import BATCHED_TOKENS_BY_DEVICE, EngineConfig
 from engine.fair_share import SchedulingPolicy
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
@@ -69,10 +69,11 @@ class EngineCore:
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings, num_blocks * self.config.block_size)
         blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         config = self.config
+        self.max_num_batched_tokens = config.max_num_batched_tokens or BATCHED_TOKENS_BY_DEVICE.get(self.runner.device.type, BATCHED_TOKENS_BY_DEVICE["cpu"])
         self.prompt_logprobs = PromptLogprobsRequests()
         self.scheduler = Scheduler(
             config.max_num_seqs,
-            config.max_num_batched_tokens,
+            self.max_num_batched_tokens,
             self.max_model_len,
             blocks,
             config.max_constrained_rows,
@@ -215,7 +216,7 @@ class EngineCore:
 
     def _guidance(self, request: Request) -> Guidance:
         """The companion of a guided request; raises `InvalidRequestError` if it cannot run."""
-        if self.config.max_num_seqs < 2 or self.config.max_num_batched_tokens < 2:
+        if self.config.max_num_seqs < 2 or self.max_num_batched_tokens < 2:
             raise InvalidRequestError("guidance_scale needs max_num_seqs >= 2 and max_num_batched_tokens >= 2 (two sequences per step)")
         negative_prompt = self._negative_prompt(request.strings)
         if len(negative_prompt) >= self.max_model_len:

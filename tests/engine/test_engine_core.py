@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import BATCHED_TOKENS_BY_DEVICE, EngineConfig
 from engine.core import EngineCore, InvalidRequestError
 from engine.loader.checkpoint import Checkpoint
 from engine.outputs import FinishReason
@@ -256,3 +256,13 @@ def test_a_cpu_engine_computes_on_every_core_unless_told(tiny_checkpoint):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_the_step_token_budget_defaults_by_device_and_an_explicit_one_wins(tiny_checkpoint, device):
+    default = EngineCore(EngineConfig(model="tiny-random", device=device, max_model_len=64, max_num_seqs=2), tiny_checkpoint)
+    assert default.scheduler.max_num_batched_tokens == BATCHED_TOKENS_BY_DEVICE[device]
+    chosen = EngineCore(EngineConfig(model="tiny-random", device=device, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=48), tiny_checkpoint)
+    assert chosen.scheduler.max_num_batched_tokens == 48
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=0)
