@@ -2,8 +2,8 @@
 // positions, read in place from the paged KV cache through its block table (see
 // engine/models/llama.py, engine/kernels/paged_attention.py).
 //
-// Layout: q, out [B, H, D]; key_cache, value_cache [num_blocks, block_size, KVH, D], all float32
-// and contiguous; block_tables [B, N] (position p of sequence b is slot p % block_size of block
+// Layout: q, out [B, H, D] (q's sequences may be any stride apart, each one's heads contiguous);
+// key_cache, value_cache [num_blocks, block_size, KVH, D], all float32 and contiguous; block_tables [B, N] (position p of sequence b is slot p % block_size of block
 // block_tables[b, p / block_size]); seq_lens [B]. The H / KVH query heads of a kv head share it.
 //
 // One work item is a (sequence, kv head): for each of its query heads, scores over positions
@@ -134,7 +134,7 @@ void item_values(const float* weights, float sum, const Rows& values, int64_t L,
 template <int64_t CHUNKS>
 void decode(const torch::Tensor& q, const torch::Tensor& key_cache, const torch::Tensor& value_cache, const torch::Tensor& tables,
             const torch::Tensor& seq_lens, double scale, torch::Tensor& out) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), q_row = q.stride(0);
   const int64_t block_size = key_cache.size(1), KVH = key_cache.size(2), N = tables.size(1), G = H / KVH;
   const float* q_data = q.data_ptr<float>();
   const float* k_data = key_cache.data_ptr<float>();
@@ -148,12 +148,12 @@ void decode(const torch::Tensor& q, const torch::Tensor& key_cache, const torch:
       const int64_t b = item / KVH, kv_head = item % KVH, L = len_data[b];
       const Rows keys{k_data, table_data + b * N, block_size, KVH * D, kv_head * D};
       const Rows values{v_data, table_data + b * N, block_size, KVH * D, kv_head * D};
-      const int64_t first = (b * H + kv_head * G) * D;  // the item's G query heads are consecutive
+      const int64_t head = kv_head * G * D;  // the item's G query heads are consecutive
       scores.resize(G * L);
-      item_scores<CHUNKS>(q_data + first, G, keys, L, static_cast<float>(scale), scores.data());
+      item_scores<CHUNKS>(q_data + b * q_row + head, G, keys, L, static_cast<float>(scale), scores.data());
       for (int64_t g = 0; g < G; ++g) {
         float sum = item_softmax(scores.data() + g * L, L);
-        item_values<CHUNKS>(scores.data() + g * L, sum, values, L, out_data + first + g * D);
+        item_values<CHUNKS>(scores.data() + g * L, sum, values, L, out_data + b * H * D + head + g * D);
       }
     }
   });
@@ -192,9 +192,10 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor key_cache, t
   torch::Tensor tables = block_tables.to(torch::kLong).contiguous();
   torch::Tensor lens = seq_lens.to(torch::kLong).contiguous();
   check_bounds(tables, lens, key_cache.size(0), key_cache.size(1));
-  torch::Tensor qc = q.contiguous();
-  torch::Tensor out = torch::empty_like(qc);
-  dispatch(std::make_integer_sequence<int64_t, MAX_CHUNKS>{}, D / LANES, qc, key_cache, value_cache, tables, lens, scale, out);
+  // A sequence's heads contiguous, sequences any stride apart (q rotated in place in a merged projection's output).
+  torch::Tensor rows = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
+  torch::Tensor out = torch::empty({B, H, D}, q.options());
+  dispatch(std::make_integer_sequence<int64_t, MAX_CHUNKS>{}, D / LANES, rows, key_cache, value_cache, tables, lens, scale, out);
   return out;
 }
 

@@ -1,9 +1,10 @@
 // Rotary embedding of a step's queries and keys, and the keys and values written into the paged
 // KV cache, in one call (see engine/kernels/rope_cache.py, engine/models/llama.py).
 //
-// Layout: q [T, H, D], k and v [T, KVH, D], cos and sin [P, D] (HF's half-split tables: entry i
+// Layout: q [T, H, D], k and v [T, KVH, D], each token's heads contiguous but tokens any stride apart
+// (column views of one merged projection's output), cos and sin [P, D] (HF's half-split tables: entry i
 // and i + D/2 hold the same angle), positions, blocks and offsets [T] int64, key_cache and
-// value_cache [num_blocks, block_size, KVH, D]; all float32 and contiguous.
+// value_cache [num_blocks, block_size, KVH, D]; all float32, the tables and caches contiguous.
 //
 // Element i of a rotated head x at position p is x[i] * cos[p, i] + r[i] * sin[p, i] with
 // r[i] = -x[i + D/2] for i < D/2 and x[i - D/2] after: two products rounded, then their sum
@@ -35,6 +36,12 @@ void check_float(const torch::Tensor& t, int64_t dims, const char* name) {
   TORCH_CHECK(t.dim() == dims && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), name, " must be a contiguous float32 tensor of ", dims, " dims");
 }
 
+// [T, heads, D] float32 whose heads are contiguous within a token; tokens may be any stride apart.
+void check_token_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.scalar_type() == torch::kFloat32 && t.stride(2) == 1 && t.stride(1) == t.size(2),
+              name, " must be float32 [T, heads, D] with each token's heads contiguous");
+}
+
 void check_index(const torch::Tensor& t, int64_t T, const char* name) {
   TORCH_CHECK(t.dim() == 1 && t.size(0) == T && t.scalar_type() == torch::kInt64 && t.is_contiguous(), name, " must be [T] int64");
 }
@@ -44,9 +51,9 @@ void check_index(const torch::Tensor& t, int64_t T, const char* name) {
 // Rotates q in place; writes rotated k and v at (blocks[t], offsets[t]) of the caches.
 void rope_and_write_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
                           torch::Tensor blocks, torch::Tensor offsets, torch::Tensor key_cache, torch::Tensor value_cache) {
-  check_float(q, 3, "q");
-  check_float(k, 3, "k");
-  check_float(v, 3, "v");
+  check_token_rows(q, "q");
+  check_token_rows(k, "k");
+  check_token_rows(v, "v");
   check_float(cos, 2, "cos");
   check_float(sin, 2, "sin");
   check_float(key_cache, 4, "key_cache");
@@ -70,6 +77,7 @@ void rope_and_write_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
   float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
+  const int64_t q_row = q.stride(0), k_row = k.stride(0), v_row = v.stride(0);
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   float* kc = key_cache.data_ptr<float>();
@@ -78,10 +86,10 @@ void rope_and_write_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cp + pos[t] * D;
       const float* s = sp + pos[t] * D;
-      for (int64_t h = 0; h < H; ++h) rotate(qp + (t * H + h) * D, c, s, D, qp + (t * H + h) * D);
+      for (int64_t h = 0; h < H; ++h) rotate(qp + t * q_row + h * D, c, s, D, qp + t * q_row + h * D);
       const int64_t slot = (blk[t] * block_size + off[t]) * KVH * D;
-      for (int64_t h = 0; h < KVH; ++h) rotate(kp + (t * KVH + h) * D, c, s, D, kc + slot + h * D);
-      std::memcpy(vc + slot, vp + t * KVH * D, KVH * D * sizeof(float));
+      for (int64_t h = 0; h < KVH; ++h) rotate(kp + t * k_row + h * D, c, s, D, kc + slot + h * D);
+      std::memcpy(vc + slot, vp + t * v_row, KVH * D * sizeof(float));
     }
   });
 }

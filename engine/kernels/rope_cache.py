@@ -48,7 +48,8 @@ def rope_and_write_cache(
 ) -> None:
     """q: [T, H, D] rotated in place; k, v: [T, KVH, D]: k rotated and v written at cache slot
     (``blocks[t]``, ``offsets[t]``) of key_cache, value_cache [num_blocks, block_size, KVH, D];
-    cos, sin: [P, D] tables; positions, blocks, offsets: [T] int64. The float32 tensors contiguous.
+    cos, sin: [P, D] tables; positions, blocks, offsets: [T] int64. Each token's heads of q, k and v contiguous
+    (tokens any stride apart: column views of one merged projection), the tables and caches contiguous.
     Needs the built kernel (``load()`` not None)."""
     kernel = load()
     assert kernel is not None, "the rope-and-cache kernel is not built here"

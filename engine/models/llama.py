@@ -117,8 +117,7 @@ def rotate_and_write_cache(
     """q: [T, H, D], k, v: [T, KVH, D] -> rotated q; the rotated keys and the values written into
     the caches at ``meta``'s slots: in one C++ call where ``meta.rope_kernel`` says so (`engine.kernels.rope_cache`,
     the same bits), else by torch's operations."""
-    if meta.rope_kernel:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # merged projections give column views
+    if meta.rope_kernel:  # q, k and v may be column views of one merged projection: the kernel takes their row strides
         rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
         return q
     q, k = rope(q, k, meta.positions)

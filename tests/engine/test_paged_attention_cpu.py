@@ -65,6 +65,22 @@ def test_a_sequence_alone_equals_it_in_a_batch():
     assert torch.equal(first_three, batch[:3])
 
 
+def test_queries_that_are_column_views_of_a_merged_projection_read_in_place():
+    """q as the first columns of a [B, (H + 2 KVH) D] projection output (sequences a row stride apart): the
+    same bits as a contiguous q, with the output contiguous; a q whose heads are not contiguous is copied first."""
+    generator = torch.Generator().manual_seed(4)
+    key_cache, value_cache = random_cache(generator, 16, 3, 64)
+    seq_lens = torch.tensor([37, 1, 200, 16])
+    tables = random_tables(generator, len(seq_lens), 13)
+    joint = torch.randn(len(seq_lens), (9 + 2 * 3) * 64, generator=generator)
+    q = joint[:, : 9 * 64].view(len(seq_lens), 9, 64)
+    expected = paged_attention.paged_decode_attention(q.contiguous(), key_cache, value_cache, tables, seq_lens)
+    ours = paged_attention.paged_decode_attention(q, key_cache, value_cache, tables, seq_lens)
+    assert ours.is_contiguous() and torch.equal(ours, expected)
+    heads_apart = q.transpose(0, 1).contiguous().transpose(0, 1)  # [B, H, D] with a sequence's heads B * D apart
+    assert torch.equal(paged_attention.paged_decode_attention(heads_apart, key_cache, value_cache, tables, seq_lens), expected)
+
+
 @pytest.mark.parametrize(
     ("head_dim", "seq_len", "block", "message"),
     [(24, 4, 0, "head_dim"), (16, 0, 0, "seq_lens"), (16, 33, 0, "seq_lens"), (16, 4, NUM_BLOCKS, "block_tables")],

@@ -33,15 +33,24 @@ def rope_table(head_dim: int, scaling: dict | None) -> RotaryEmbedding:
     num_tokens=st.integers(1, 40),
     scaling=st.sampled_from([None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}]),
     magnitude=st.sampled_from([1e-3, 1.0, 1e4]),
+    merged=st.booleans(),
     seed=st.integers(0, 1000),
 )
-def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, scaling, magnitude, seed):
+def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, scaling, magnitude, merged, seed):
+    """``merged``: q, k and v are column views of one [T, (H + 2 KVH) D] tensor, as a merged projection gives them."""
     num_heads, num_kv_heads = heads
     generator = torch.Generator().manual_seed(seed)
     rope = rope_table(head_dim, scaling)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=generator) * magnitude
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator) * magnitude
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    if merged:
+        joint = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+        q_columns, k_columns = num_heads * head_dim, num_kv_heads * head_dim
+        q = joint[:, :q_columns].view(num_tokens, num_heads, head_dim)
+        k = joint[:, q_columns : q_columns + k_columns].view(num_tokens, num_kv_heads, head_dim)
+        v = joint[:, q_columns + k_columns :].view(num_tokens, num_kv_heads, head_dim)
+    k_before = k.clone()
     positions = torch.randint(0, MAX_POSITIONS, (num_tokens,), generator=generator)
     slots = torch.randperm(NUM_BLOCKS * block_size, generator=generator)[:num_tokens]
     blocks, offsets = slots // block_size, slots % block_size
@@ -55,6 +64,7 @@ def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, sc
     rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, positions, blocks, offsets, key_cache, value_cache)
 
     assert torch.equal(q, expected_q)
+    assert torch.equal(k, k_before)  # rotated into the cache only
     assert torch.equal(key_cache, expected_keys)
     assert torch.equal(value_cache, expected_values)
 
@@ -84,10 +94,10 @@ def valid_arguments() -> dict[str, torch.Tensor]:
         ("offsets", torch.tensor([4, 0]), "outside the cache"),
         ("offsets", torch.tensor([0]), "must be \\[T\\] int64"),
         ("positions", torch.tensor([0, 1], dtype=torch.int32), "must be \\[T\\] int64"),
-        ("q", torch.zeros(2, 3, 8, dtype=torch.float64), "q must be a contiguous float32"),
+        ("q", torch.zeros(2, 3, 8, dtype=torch.float64), "q must be float32 \\[T, heads, D\\] with each token's heads contiguous"),
         ("k", torch.zeros(2, 1, 6), "k and v must be"),
         ("key_cache", torch.zeros(2, 4, 2, 8), "caches must be"),
-        ("q", torch.zeros(2, 8, 3).transpose(1, 2), "q must be a contiguous float32"),
+        ("q", torch.zeros(2, 8, 3).transpose(1, 2), "q must be float32 \\[T, heads, D\\] with each token's heads contiguous"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(name, value, message):
