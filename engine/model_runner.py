@@ -20,6 +20,7 @@ from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
+from engine.models.cpu_decode import CpuDecode
 from engine.models.llama import LlamaForCausalLM, merge_projections, use_rms_norm_kernel
 from engine.models.packed_linear import can_pack, pack_linears
 from engine.models.quant_linear import can_compute_quantized, quantize_linears
@@ -112,6 +113,7 @@ class ModelRunner:
         if rms_norm.can_fuse(self.device, self.dtype, checkpoint.config.hidden_size):
             use_rms_norm_kernel(self.model)
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
+        self.cpu_decode = CpuDecode.of(self.model) if self.quantized else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
 
     def _keep_quantized(self, checkpoint: Checkpoint) -> None:
@@ -190,10 +192,13 @@ class ModelRunner:
         return InFlightStep(step, last_token_ids, host[: len(values)], done, verifies_drafts, prompt, host[len(values) :], beam_sequences)
 
     def _forward(self, input_ids: torch.Tensor, step: ScheduledStep) -> torch.Tensor:
-        """input_ids: [T] -> final-normed hidden states [T, hidden]: a decode step from its captured graph, any other eagerly."""
+        """input_ids: [T] -> final-normed hidden states [T, hidden]: a decode step from its captured graph on CUDA or
+        through the CPU's kernels without module calls (`CpuDecode`), any other step by the modules."""
         if self.decode_graphs is not None and self.decode_graphs.fits(step.chunks):
             return self.decode_graphs.run(input_ids, step.chunks)
         meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel, self.rope_kernel)
+        if self.cpu_decode is not None and self.cpu_decode.fits(meta):
+            return self.cpu_decode(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         return self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
 
     def _capture_decode_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
