@@ -193,9 +193,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor key_cache, t
   torch::Tensor lens = seq_lens.to(torch::kLong).contiguous();
   check_bounds(tables, lens, key_cache.size(0), key_cache.size(1));
   // A sequence's heads contiguous, sequences any stride apart (q rotated in place in a merged projection's output).
-  torch::Tensor rows = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
+  torch::Tensor queries = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
   torch::Tensor out = torch::empty({B, H, D}, q.options());
-  dispatch(std::make_integer_sequence<int64_t, MAX_CHUNKS>{}, D / LANES, rows, key_cache, value_cache, tables, lens, scale, out);
+  dispatch(std::make_integer_sequence<int64_t, MAX_CHUNKS>{}, D / LANES, queries, key_cache, value_cache, tables, lens, scale, out);
   return out;
 }
 

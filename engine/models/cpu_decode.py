@@ -5,9 +5,9 @@ a decode step's work is C++ kernels (`engine.kernels`: quantized matmuls, RMS no
 paged attention) and at one token a step about 85 µs a layer went to calling them through the
 modules (``nn.Module`` calls and attribute lookups, output splits, small wrappers). `CpuDecode` runs
 the same kernels, in the same order, on the same tensors from each layer's `DecodeLayer`: the same
-bits (tests/engine/test_cpu_decode.py), about 1.8 ms less a step at batch 1 of the default model
-(interleaved in one process: median 12.0 against 13.8 ms). It takes only decode steps (one token per
-sequence, one attention group); any other step runs the modules.
+bits (tests/engine/test_cpu_decode.py), about 1.7 ms less a step at batch 1 of the default model
+(interleaved in one process: median 12.3 against 14.0 ms; docs/engine.md). It takes only decode steps
+(one token per sequence, one attention group); any other step runs the modules.
 """
 
 from __future__ import annotations
