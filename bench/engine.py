@@ -22,12 +22,13 @@ import gc
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from bench.lib.common import device_label, print_table, quietness, write_results
-from bench.lib.step_profile import profile_decode, profile_lines
+from bench.lib.step_profile import profile_decode, profile_lines, profile_row
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import EngineCore
 from engine.loader.checkpoint import Checkpoint, load_checkpoint, random_checkpoint
@@ -97,7 +98,8 @@ def bench_model(
         if args.profile_steps:
             labels = {key: rows[-1][key] for key in ("model", "dtype", "cuda_graphs", "quantized_weights")}
             for batch in sorted({min(args.batch), max(args.batch)}):
-                profiles.append({**labels, "batch": batch, **profile_decode(engine, batch, prompt_len, args.profile_steps).as_row()})
+                profiled = profile_row(partial(profile_decode, engine, batch, prompt_len, args.profile_steps))
+                profiles.append({**labels, "batch": batch, **profiled})
         del engine
         gc.collect()  # the engine's KV cache and graphs go before the next one allocates its own
     del checkpoint

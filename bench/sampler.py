@@ -32,13 +32,14 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from bench.lib.common import print_table, quietness, write_results
 from bench.lib.sampler_passes import interpreter_ready, kernel_passes
-from bench.lib.step_profile import profile_calls, profile_lines
+from bench.lib.step_profile import profile_calls, profile_lines, profile_row
 from sampling.batch import SamplingBatch
 from sampling.params import SamplingParams
 from sampling.sampler import Sampler
@@ -212,7 +213,7 @@ def profile_one(batch_size: int, vocab: int, config: str, device: torch.device, 
     entries = []
     for name, call in (("ours", lambda: sampler(s.logits, s.rows, s.batch)), ("reference", lambda: reference(s.logits))):
         call()
-        profiled = profile_calls(call, calls, device.type == "cuda").as_row()
+        profiled = profile_row(partial(profile_calls, call, calls, device.type == "cuda"))
         entries.append({"batch": batch_size, "vocab": vocab, "config": config, "sampler": name, **profiled})
     return entries
 

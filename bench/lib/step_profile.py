@@ -87,14 +87,26 @@ def profile_decode(engine: EngineCore, batch: int, prompt_len: int, steps: int) 
         pass
     for _ in range(2):
         engine.step()
-    profiled = profile_calls(engine.step, steps, engine.runner.device.type == "cuda")
-    while engine.has_unfinished_requests():
-        engine.step()
-    return profiled
+    try:
+        return profile_calls(engine.step, steps, engine.runner.device.type == "cuda")
+    finally:  # the engine is left idle, profiled or not
+        while engine.has_unfinished_requests():
+            engine.step()
+
+
+def profile_row(profile: Callable[[], CallsProfile]) -> dict[str, object]:
+    """``profile()``'s row, or the error it raised: a profiler that fails (CUPTI refused on a device) costs
+    its own row, not the measurements taken before it."""
+    try:
+        return profile().as_row()
+    except RuntimeError as error:
+        return {"error": f"{type(error).__name__}: {error}"[:500]}
 
 
 def profile_lines(row: dict[str, object], shown: int = 6) -> list[str]:
-    """A printed summary of a `CallsProfile.as_row` (or a row that extends one)."""
+    """A printed summary of a `profile_row` (or a row that extends one)."""
+    if "error" in row:
+        return [f"    profiling failed: {row['error']}"]
     lines = [f"    {row['wall_ms_per_call']} ms a call, device busy {row['device_busy_ms_per_call']} ms"]
     for kind in ("top_device", "runtime_calls", "top_host_ops"):
         lines += [f"    {kind:13} {c['ms_per_call']:8.3f} ms {c['count_per_call']:7.1f}x  {c['name']}" for c in row[kind][:shown]]
