@@ -29,7 +29,7 @@ import torch
 from engine.kv.kv_cache import PagedKVCache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata, ScheduledChunk
 from engine.models.llama import LlamaForCausalLM
-from sampling.device_copy import to_device
+from sampling.device_copy import copy_into
 
 POSITION, BLOCK, OFFSET, SEQ_LEN = range(4)
 INPUT_COLUMNS = 4
@@ -101,7 +101,7 @@ class DecodeGraphs:
         batch = len(chunks)
         size = self.bucket(batch)
         host = self._host_inputs(chunks, size)
-        self.inputs[:size, : host.shape[1]].copy_(to_device(host, self.inputs.device))
+        copy_into(self.inputs[:size, : host.shape[1]], host)
         self.input_ids[:batch].copy_(input_ids)
         return self.replays[size]()[:batch]
 

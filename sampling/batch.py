@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sampling.device_copy import to_device, values_to_device
+from sampling.device_copy import copy_into, to_device, values_to_device
 from sampling.features import Feature, row_features
 from sampling.ops.masks import AllTokensMaskedError
 from sampling.ops.seeded_noise import seed_key
@@ -188,8 +188,8 @@ class SamplingBatch:
             "is_greedy": int(greedy),
             "has_seed": int(params.seed is not None),
         }
-        self._floats[:, row] = values_to_device(floats, torch.float32, self.device)
-        self._ints[:, row] = values_to_device([ints[name] for name in INT_COLUMNS], torch.int64, self.device)
+        copy_into(self._floats[:, row], torch.tensor(floats, dtype=torch.float32))
+        copy_into(self._ints[:, row], torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64))
         self.output_pos[row] = 0
 
     def _allocate(self, features: set[Feature]) -> None:

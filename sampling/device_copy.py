@@ -24,6 +24,13 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def copy_into(destination: torch.Tensor, host: torch.Tensor) -> None:
+    """``destination.copy_(host)`` for a host tensor, queued as `to_device` (one transfer, no temporary on the device)."""
+    if destination.device.type == "cuda":
+        host = host.pin_memory()
+    destination.copy_(host, non_blocking=True)
+
+
 def values_to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """values: n numbers -> [n] of ``dtype`` on ``device``, queued as `to_device`."""
     return to_device(torch.tensor(values, dtype=dtype), device)

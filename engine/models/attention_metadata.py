@@ -48,6 +48,11 @@ class AttentionMetadata:
     decode_kernel: bool = False
     rope_kernel: bool = False
 
+    @property
+    def decode_kernel_only(self) -> bool:
+        """Only decode tokens, in one group in batch order, through the decode kernel: its output is the whole step's."""
+        return self.decode_kernel and len(self.groups) == 1 and self.groups[0].token_index.shape[1] == 1
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:

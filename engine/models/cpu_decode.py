@@ -83,7 +83,7 @@ class CpuDecode:
     @staticmethod
     def fits(meta: AttentionMetadata) -> bool:
         """Whether the step is one the modules would run through the decode kernels: one token per sequence, one group."""
-        return meta.decode_kernel and meta.rope_kernel and len(meta.groups) == 1 and meta.groups[0].token_index.shape[1] == 1
+        return meta.decode_kernel_only and meta.rope_kernel
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, meta: AttentionMetadata, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]) -> torch.Tensor:

@@ -95,8 +95,7 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = rotate_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
-        if len(meta.groups) == 1 and meta.decode_kernel and meta.groups[0].token_index.shape[1] == 1:
-            # Only decode tokens, in one group in batch order: the kernel's output is the whole step's.
+        if meta.decode_kernel_only:
             return self.o_proj(decode_attention(q, key_cache, value_cache, meta.groups[0]).view(num_tokens, -1))
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
