@@ -72,9 +72,10 @@ class StepResult:
     failed_tests: list[str]
 
 
-def steps(out: Path, dry_run: bool) -> list[Step]:
+def steps(out: Path, dry_run: bool, test_paths: list[str] | None = None) -> list[Step]:
     """The run's steps, most wanted first; ``dry_run``: the same on the CPU at tiny sizes.
-    A benchmark step ``name`` writes ``out/<name>_cuda.json``."""
+    A benchmark step ``name`` writes ``out/<name>_cuda.json``; ``test_paths``: what the tests step
+    runs (default: every CUDA test, `cuda_test_order`)."""
 
     def bench(name: str, module: str, arguments: str, timeout_s: float) -> Step:
         return Step(name, [sys.executable, "-m", module, *arguments.split(), "--out", str(out / f"{name}_cuda.json")], timeout_s)
@@ -100,7 +101,10 @@ def steps(out: Path, dry_run: bool) -> list[Step]:
         bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16 --profile-steps 8", 75),
         bench("sampler", "bench.sampler", "--device cuda --batch 1 32 128 256 --vocab 49152 128256 --budget-s 0.1 --profile-calls 5", 70),
         bench("engine_concurrency", "bench.engine_concurrency", "--device cuda --model smollm2-shape-random", 65),
-        tests(f"--timeout=120 {' '.join(cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py", 190),
+        tests(
+            f"--timeout=120 {' '.join(test_paths or cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py",
+            190,
+        ),
     ]
 
 
@@ -187,12 +191,12 @@ def install_wheels(log) -> Path | None:
     return SITE
 
 
-def run(out: Path, dry_run: bool, only: list[str] | None = None) -> list[StepResult]:
+def run(out: Path, dry_run: bool, only: list[str] | None = None, test_paths: list[str] | None = None) -> list[StepResult]:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "gpu_check.log", "w") as log:
         site = None if dry_run else install_wheels(log)  # a dry run uses this machine's own packages
         env = step_environment(site, dry_run)
-        results = [run_step(step, env, log) for step in steps(out, dry_run) if not only or step.name in only]
+        results = [run_step(step, env, log) for step in steps(out, dry_run, test_paths) if not only or step.name in only]
     summary = {"machine": machine_info(), "dry_run": dry_run, "steps": [asdict(result) for result in results]}
     (out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     return results
@@ -221,11 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     check.add_argument("--out", type=Path, required=True)
     check.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
     check.add_argument("--only", nargs="+", default=None, metavar="STEP", help="run these steps alone (a rerun of those that failed)")
+    check.add_argument("--tests", nargs="+", default=None, metavar="PATH", help="the tests step runs these (default: every CUDA test)")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare()
     else:
-        results = run(args.out, args.dry_run, args.only)
+        results = run(args.out, args.dry_run, args.only, args.tests)
         print(f"{sum(r.returncode == 0 for r in results)} of {len(results)} steps passed; results in {args.out}")
 
 

@@ -76,10 +76,13 @@ def cuda_graph_capture(pool: tuple[int, int]) -> GraphCapture:
 
 class DecodeGraphs:
     """Captured decode forwards of ``model`` over ``kv_cache`` for batches up to ``max_batch``
-    sequences of up to ``max_model_len`` positions; `run` replays one for a decode step."""
+    sequences of up to ``max_model_len`` positions; `run` replays one for a decode step. ``rope_kernel``:
+    the graphs rotate and write the cache in one kernel (`AttentionMetadata.rope_kernel`)."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: PagedKVCache, max_batch: int, max_model_len: int, capture: GraphCapture) -> None:
-        self.model, self.kv_cache = model, kv_cache
+    def __init__(
+        self, model: LlamaForCausalLM, kv_cache: PagedKVCache, max_batch: int, max_model_len: int, capture: GraphCapture, rope_kernel: bool = False
+    ) -> None:
+        self.model, self.kv_cache, self.rope_kernel = model, kv_cache, rope_kernel
         self.buckets = batch_buckets(max_batch)
         largest, device = self.buckets[-1], kv_cache.keys[0].device
         max_blocks = -(-max_model_len // kv_cache.block_size)
@@ -108,7 +111,9 @@ class DecodeGraphs:
     def _forward(self, size: int) -> torch.Tensor:
         inputs = self.inputs[:size]
         group = AttentionGroup(self.token_index[:size], inputs[:, INPUT_COLUMNS:], self.unused_mask[:size], inputs[:, SEQ_LEN])
-        meta = AttentionMetadata(blocks=inputs[:, BLOCK], offsets=inputs[:, OFFSET], positions=inputs[:, POSITION], groups=[group], decode_kernel=True)
+        meta = AttentionMetadata(
+            blocks=inputs[:, BLOCK], offsets=inputs[:, OFFSET], positions=inputs[:, POSITION], groups=[group], decode_kernel=True, rope_kernel=self.rope_kernel
+        )
         return self.model(self.input_ids[:size], meta, self.kv_cache.keys, self.kv_cache.values)
 
     def _host_inputs(self, chunks: list[ScheduledChunk], size: int) -> torch.Tensor:

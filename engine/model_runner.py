@@ -95,6 +95,8 @@ class ModelRunner:
         self.model.rope.to(dtype=torch.float32)
         if can_pack(self.device, self.dtype):
             pack_linears(self.model.layers)
+        if self.device.type == "cuda":  # one matmul for q, k and v, one for gate and up: fewer launches a step
+            merge_projections(self.model.layers, dense=True)
         self.quantized = config.quantized_weights and can_compute_quantized(self.device, self.dtype, checkpoint.quantized)
         if self.quantized:
             self._keep_quantized(checkpoint)
@@ -109,7 +111,10 @@ class ModelRunner:
         # Decode attention reads the paged cache in a kernel: Triton on CUDA, C++ on the CPU in float32
         # where it builds (`engine.kernels.paged_attention`); elsewhere blocks are gathered for SDPA.
         self.paged_decode_kernel = self.device.type == "cuda" or paged_attention.can_decode(self.device, self.dtype, checkpoint.config.head_dim)
-        self.rope_kernel = rope_cache.can_fuse(self.device, self.dtype, checkpoint.config.head_dim)
+        # Queries and keys are rotated and the cache written in one kernel: Triton on CUDA, C++ on the CPU
+        # in float32 where it builds (`engine.kernels.rope_cache`); elsewhere by torch's operations.
+        head_dim = checkpoint.config.head_dim
+        self.rope_kernel = (self.device.type == "cuda" and head_dim % 2 == 0) or rope_cache.can_fuse(self.device, self.dtype, head_dim)
         if rms_norm.can_fuse(self.device, self.dtype, checkpoint.config.hidden_size):
             use_rms_norm_kernel(self.model)
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
@@ -205,7 +210,8 @@ class ModelRunner:
         """The decode graphs, or None (decode steps then run eagerly, and the error is logged) if capturing failed."""
         started = time.perf_counter()
         try:
-            graphs = DecodeGraphs(self.model, self.kv_cache, config.max_num_seqs, config.max_model_len, cuda_graph_capture(torch.cuda.graph_pool_handle()))
+            capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
+            graphs = DecodeGraphs(self.model, self.kv_cache, config.max_num_seqs, config.max_model_len, capture, self.rope_kernel)
         except RuntimeError:
             logger.exception("capturing the decode graphs failed: decode steps run eagerly")
             return None

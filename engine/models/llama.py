@@ -9,6 +9,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
+from engine.models.merged_linear import MergedLinear
 from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, merged
 from engine.models.rope import RotaryEmbedding
 
@@ -42,19 +43,24 @@ def use_rms_norm_kernel(model: nn.Module) -> None:
             module.kernel = True
 
 
-def merge_projections(layers: nn.ModuleList) -> int:
+def merge_projections(layers: nn.ModuleList, dense: bool = False) -> int:
     """Where a layer's q, k and v (and its gate and up) projections are all computed from quantized
     blocks of one format, compute each group in one matmul (`MergedQuantLinear`, the same bits) and
-    drop the separate linears; returns how many groups were merged."""
+    drop the separate linears; ``dense``: dense linears too (`MergedLinear`). Returns how many groups were merged."""
+
+    def merge(linears: list[nn.Module]) -> MergedQuantLinear | MergedLinear | None:
+        quantized = merged(linears)
+        return MergedLinear.of(linears) if quantized is None and dense else quantized
+
     count = 0
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
-        qkv = merged([attention.q_proj, attention.k_proj, attention.v_proj])
+        qkv = merge([attention.q_proj, attention.k_proj, attention.v_proj])
         if qkv is not None:
             attention.qkv_proj = qkv
             del attention.q_proj, attention.k_proj, attention.v_proj
             count += 1
-        gate_up = merged([mlp.gate_proj, mlp.up_proj])
+        gate_up = merge([mlp.gate_proj, mlp.up_proj])
         if gate_up is not None:
             mlp.gate_up_proj = gate_up
             del mlp.gate_proj, mlp.up_proj
@@ -71,7 +77,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        self.qkv_proj: MergedQuantLinear | None = None
+        self.qkv_proj: MergedQuantLinear | MergedLinear | None = None
         """q, k and v in one matmul, in place of the three (`merge_projections`)."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -114,15 +120,34 @@ def rotate_and_write_cache(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
 ) -> torch.Tensor:
     """q: [T, H, D], k, v: [T, KVH, D] -> rotated q; the rotated keys and the values written into
-    the caches at ``meta``'s slots: in one C++ call where ``meta.rope_kernel`` says so (`engine.kernels.rope_cache`,
-    the same bits), else by torch's operations."""
-    if meta.rope_kernel:  # q, k and v may be column views of one merged projection: the kernel takes their row strides
-        rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
+    the caches at ``meta``'s slots: in one kernel call where ``meta.rope_kernel`` says so (the same
+    bits), else by torch's operations."""
+    if meta.rope_kernel:  # q, k and v may be column views of one merged projection: the kernels take their row strides
+        fused_rope_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
         return q
     q, k = rope(q, k, meta.positions)
     key_cache[meta.blocks, meta.offsets] = k
     value_cache[meta.blocks, meta.offsets] = v
     return q
+
+
+def fused_rope_and_write_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> None:
+    """`rotate_and_write_cache` in one call: the C++ kernel on the CPU (float32; `engine.kernels.rope_cache`), the Triton kernel on CUDA."""
+    if q.device.type == "cpu":
+        rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
+    else:
+        triton_rope_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
+
+
+def triton_rope_and_write_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> None:
+    """`fused_rope_and_write_cache` by the Triton kernel."""
+    from engine.models.rope_cache_triton import rope_and_write_cache  # Triton only where it runs
+
+    rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
 
 
 def gather_attention(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
@@ -162,7 +187,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_proj: MergedQuantLinear | None = None
+        self.gate_up_proj: MergedQuantLinear | MergedLinear | None = None
         """gate and up in one matmul, in place of the two (`merge_projections`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,13 @@ def test_full_run_fits_one_device_call(tmp_path):
     assert {step.name for step in full} >= {step.name for step in steps(tmp_path, dry_run=True)}
 
 
+def test_the_tests_step_runs_the_paths_asked_for(tmp_path):
+    (default,) = [step for step in steps(tmp_path, dry_run=False) if step.name == "tests"]
+    (chosen,) = [step for step in steps(tmp_path, dry_run=False, test_paths=["tests/engine/test_a.py"]) if step.name == "tests"]
+    assert "tests/engine" in default.command and "tests/engine" not in chosen.command
+    assert "tests/engine/test_a.py" in chosen.command
+
+
 def test_a_step_at_its_limit_is_interrupted_first_so_pytest_can_report(monkeypatch):
     monkeypatch.setattr(gpu_check, "INTERRUPT_GRACE_S", 5)
     sleeper = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted, reporting')"

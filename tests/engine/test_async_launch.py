@@ -3,12 +3,16 @@ asynchronous scheduling, where the host prepares step N+1 while the device runs 
 
 A host-to-device copy from pageable memory, a host read of a device value or any other
 synchronization in a step makes the host wait for every kernel already queued. So a long sleep
-is queued on the device before a step: the step must return while the device still sleeps. Both
+is queued on the device before a step, and an event after the sleep: the step must return before
+that event has happened (the device still busy afterwards would not do: kernels the step launched
+after a synchronization keep it busy too). A failure names the synchronizing calls torch saw. Both
 a plain decode step (replayed from its graph, or eager) and a step that admits a request (whose
 sampling rows are written to the device) are checked. CUDA only: on the CPU nothing is queued.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -31,14 +35,26 @@ PARAMS = {
 }
 
 
-def returns_while_the_device_sleeps(engine: EngineCore) -> bool:
-    """Queue a sleep on the device, then one engine step: whether the step returned before the sleep ended."""
+def synchronizations_in_a_step(engine: EngineCore) -> list[str] | None:
+    """Queue a sleep on the device, then one engine step: None if the step returned before the sleep
+    ended, else the synchronizing calls torch reported during the step (file:line and message)."""
     torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP_CYCLES)
-    engine.step()
-    device_busy = not torch.cuda.current_stream().query()
+    slept = torch.cuda.Event()
+    slept.record()
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
+    returned_first = not slept.query()
     torch.cuda.synchronize()
-    return device_busy
+    if returned_first:
+        return None
+    return [f"{w.filename}:{w.lineno}: {w.message}" for w in caught] or ["no synchronizing torch call: an event wait, a cudaFree or a module load?"]
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
@@ -51,6 +67,15 @@ def test_a_step_returns_before_the_device_has_run_the_one_before(tiny_checkpoint
         engine.add_request(f"r{index}", [5 + index, 6, 7, 8], PARAMS[label])
     for _ in range(4):  # the prefill and a few decodes: every kernel compiled, every buffer allocated
         engine.step()
-    assert returns_while_the_device_sleeps(engine), "a decode step waited for the device"
+    assert synchronizations_in_a_step(engine) is None, "a decode step waited for the device"
+    # A first admission at the measured step's shapes (a 3-token prefill beside 3 decodes), aborted:
+    # a kernel's first use at a new shape may load its module, which waits for the device.
+    engine.add_request("warm-up", [12, 13, 14], PARAMS[label])
+    for _ in range(2):
+        engine.step()
+    engine.abort_requests(["warm-up"])
+    for _ in range(2):
+        engine.step()
     engine.add_request("joining", [9, 10, 11], PARAMS[label])
-    assert returns_while_the_device_sleeps(engine), "a step admitting a request waited for the device"
+    waited = synchronizations_in_a_step(engine)
+    assert waited is None, f"a step admitting a request waited for the device: {waited}"

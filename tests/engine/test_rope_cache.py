@@ -37,13 +37,21 @@ def rope_table(head_dim: int, scaling: dict | None) -> RotaryEmbedding:
     seed=st.integers(0, 1000),
 )
 def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, scaling, magnitude, merged, seed):
-    """``merged``: q, k and v are column views of one [T, (H + 2 KVH) D] tensor, as a merged projection gives them."""
+    assert_torch_bit_for_bit(rope_cache.rope_and_write_cache, heads, head_dim, block_size, num_tokens, scaling, magnitude, merged, seed)
+
+
+def assert_torch_bit_for_bit(
+    rope_and_write_cache, heads, head_dim, block_size, num_tokens, scaling, magnitude, merged, seed, dtype=torch.float32, device="cpu"
+) -> None:
+    """``rope_and_write_cache`` gives torch's rotation and cache writes exactly. ``merged``: q, k and v
+    are column views of one [T, (H + 2 KVH) D] tensor, as a merged projection gives them."""
     num_heads, num_kv_heads = heads
     generator = torch.Generator().manual_seed(seed)
-    rope = rope_table(head_dim, scaling)
+    rope = rope_table(head_dim, scaling).to(device)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=generator) * magnitude
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator) * magnitude
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    q, k, v = (x.to(device, dtype) for x in (q, k, v))
     if merged:
         joint = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
         q_columns, k_columns = num_heads * head_dim, num_kv_heads * head_dim
@@ -51,17 +59,17 @@ def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, sc
         k = joint[:, q_columns : q_columns + k_columns].view(num_tokens, num_kv_heads, head_dim)
         v = joint[:, q_columns + k_columns :].view(num_tokens, num_kv_heads, head_dim)
     k_before = k.clone()
-    positions = torch.randint(0, MAX_POSITIONS, (num_tokens,), generator=generator)
-    slots = torch.randperm(NUM_BLOCKS * block_size, generator=generator)[:num_tokens]
+    positions = torch.randint(0, MAX_POSITIONS, (num_tokens,), generator=generator).to(device)
+    slots = torch.randperm(NUM_BLOCKS * block_size, generator=generator)[:num_tokens].to(device)
     blocks, offsets = slots // block_size, slots % block_size
     cache_shape = (NUM_BLOCKS, block_size, num_kv_heads, head_dim)
-    key_cache, value_cache = torch.randn(cache_shape, generator=generator), torch.randn(cache_shape, generator=generator)
+    key_cache, value_cache = (torch.randn(cache_shape, generator=generator).to(device, dtype) for _ in range(2))
     expected_q, expected_k = rope(q.clone(), k.clone(), positions)
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     expected_keys[blocks, offsets] = expected_k
     expected_values[blocks, offsets] = v
 
-    rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, positions, blocks, offsets, key_cache, value_cache)
+    rope_and_write_cache(q, k, v, rope.cos, rope.sin, positions, blocks, offsets, key_cache, value_cache)
 
     assert torch.equal(q, expected_q)
     assert torch.equal(k, k_before)  # rotated into the cache only
