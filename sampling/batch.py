@@ -190,7 +190,7 @@ class SamplingBatch:
         }
         copy_into(self._floats[:, row], torch.tensor(floats, dtype=torch.float32))
         copy_into(self._ints[:, row], torch.tensor([ints[name] for name in INT_COLUMNS], dtype=torch.int64))
-        self.output_pos[row] = 0
+        self.output_pos[row].fill_(0)
 
     def _allocate(self, features: set[Feature]) -> None:
         """Allocate the [R, V] / [R, max_model_len] state the first time a row needs it.
@@ -217,23 +217,24 @@ class SamplingBatch:
         features: set[Feature],
         dry_breakers: tuple[int, ...],
     ) -> None:
-        """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale)."""
+        """Reset ``row`` in every allocated dense tensor (rows of earlier requests may be stale). By fills
+        and index fills: ``tensor[row] = value`` copies a host scalar, which on CUDA waits for the device."""
         self._allocate(features)
         prompt_ids = values_to_device(prompt, torch.int64, self.device)
         if self.output_counts is not None:
-            self.output_counts[row] = 0
+            self.output_counts[row].fill_(0)
         if self.allowed is not None:
-            self.allowed[row] = params.allowed_token_ids is None
+            self.allowed[row].fill_(params.allowed_token_ids is None)
             if params.allowed_token_ids is not None:
-                self.allowed[row, values_to_device(params.allowed_token_ids, torch.int64, self.device)] = True
+                self.allowed[row].index_fill_(0, values_to_device(params.allowed_token_ids, torch.int64, self.device), True)
         if self.history is not None and self.history_len is not None:
             n = min(len(prompt), self.max_model_len)
-            self.history[row] = -1
+            self.history[row].fill_(-1)
             self.history[row, :n] = prompt_ids[:n]
-            self.history_len[row] = n
+            self.history_len[row].fill_(n)
         if self.dry_breaker_mask is not None:
-            self.dry_breaker_mask[row] = False
-            self.dry_breaker_mask[row, values_to_device(dry_breakers, torch.int64, self.device)] = True
+            self.dry_breaker_mask[row].fill_(False)
+            self.dry_breaker_mask[row].index_fill_(0, values_to_device(dry_breakers, torch.int64, self.device), True)
 
     # ---- per step -------------------------------------------------------------------------------
 

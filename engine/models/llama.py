@@ -35,6 +35,16 @@ class RMSNorm(nn.Module):
             return rms_norm.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, delta: [T, hidden] -> (x + delta, this norm of it): in one Triton kernel on CUDA
+        (`engine.models.rms_norm_triton`), else the add and then `forward`."""
+        if x.device.type == "cuda":
+            from engine.models.rms_norm_triton import add_rms_norm  # Triton only where it runs
+
+            return add_rms_norm(x, delta, self.weight, self.eps)
+        total = x + delta
+        return total, self(total)
+
 
 def use_rms_norm_kernel(model: nn.Module) -> None:
     """Set every `RMSNorm` of ``model`` to run through the C++ kernel."""
@@ -228,10 +238,12 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids: [T] -> final-normed hidden states [T, hidden]."""
         hidden = self.embed_tokens(input_ids)
-        for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
-            hidden = hidden + layer.self_attn(layer.input_layernorm(hidden), self.rope, meta, key_cache, value_cache)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.norm(hidden)
+        normed = self.layers[0].input_layernorm(hidden)
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm, key_cache, value_cache in zip(self.layers, next_norms, key_caches, value_caches):
+            hidden, normed = layer.post_attention_layernorm.add_and_norm(hidden, layer.self_attn(normed, self.rope, meta, key_cache, value_cache))
+            hidden, normed = next_norm.add_and_norm(hidden, layer.mlp(normed))
+        return normed
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -29,6 +29,10 @@ TILE_POSITIONS = {2: 64, 4: 32}
 MIN_GROUP_ROWS = 16
 """A matrix product's smallest side on the GPU: the GROUP query heads are padded to it."""
 
+MAX_SPLITS = 64
+"""Partitions a sequence's positions are split into at most (the merge kernel's width: one compiled
+kernel for every split count, where each count compiling its own took a device check past its limit)."""
+
 PROGRAMS_PER_SM = 2
 """Programs wanted per streaming multiprocessor before a sequence's positions are split."""
 
@@ -58,14 +62,14 @@ def _weighted_values(weights, values, BFLOAT16: tl.constexpr):
 def paged_decode_kernel(
     q_ptr, key_ptr, value_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_max_ptr, part_sum_ptr, part_out_ptr, scale,
     stride_q_seq, stride_q_head, stride_cache_block, stride_cache_pos, stride_cache_head, stride_table, stride_out_seq, stride_out_head,
-    partition_len,
+    num_splits, partition_len,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BFLOAT16: tl.constexpr,
+    BFLOAT16: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, kv head, partition): the GROUP query heads sharing the kv head attend the
     partition's positions (below ``seq_lens[sequence]``), a tile at a time, with an online softmax.
     One partition: the output. Several: the partition's maximum, sum and unnormalised output [H, D]
-    into the part buffers ([B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, D], contiguous) for `merge_kernel`."""
+    into the part buffers ([B, H, num_splits] and [B, H, num_splits, D], contiguous) for `merge_kernel`."""
     sequence = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -94,28 +98,32 @@ def paged_decode_kernel(
         values = tl.load(value_ptr + offsets, mask=valid[:, None], other=0.0)
         acc = acc * rescale[:, None] + _weighted_values(weights, values, BFLOAT16)
         running_max = new_max
-    if NUM_SPLITS == 1:
+    if num_splits == 1:
         out_offsets = sequence * stride_out_seq + heads[:, None] * stride_out_head + dims[None, :]
         tl.store(out_ptr + out_offsets, (acc / running_sum[:, None]).to(out_ptr.dtype.element_ty), mask=in_group[:, None])
     else:
-        parts = (sequence * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split  # [GROUP_PAD]
+        parts = (sequence * tl.num_programs(1) * GROUP + heads) * num_splits + split  # [GROUP_PAD]
         tl.store(part_max_ptr + parts, running_max, mask=in_group)
         tl.store(part_sum_ptr + parts, running_sum, mask=in_group)
         tl.store(part_out_ptr + parts[:, None] * HEAD_DIM + dims[None, :], acc, mask=in_group[:, None])
 
 
 @triton.jit
-def merge_kernel(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, stride_out_seq, stride_out_head, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def merge_kernel(
+    part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, stride_out_seq, stride_out_head, num_splits, MAX_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr
+):
     """Program (sequence, head): the partitions' softmax states combined into the output. A partition
     past the sequence's end has maximum -inf and sum 0, and weighs nothing."""
     sequence = tl.program_id(0)
     head = tl.program_id(1)
     dims = tl.arange(0, HEAD_DIM)
-    parts = (sequence * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
-    maxima = tl.load(part_max_ptr + parts)
-    weights = tl.exp(maxima - tl.max(maxima, axis=0))  # [NUM_SPLITS]
-    total = tl.sum(weights * tl.load(part_sum_ptr + parts), axis=0)
-    outputs = tl.load(part_out_ptr + parts[:, None] * HEAD_DIM + dims[None, :])  # [NUM_SPLITS, HEAD_DIM]
+    splits = tl.arange(0, MAX_SPLITS)
+    present = splits < num_splits
+    parts = (sequence * tl.num_programs(1) + head) * num_splits + splits
+    maxima = tl.load(part_max_ptr + parts, mask=present, other=float("-inf"))
+    weights = tl.exp(maxima - tl.max(maxima, axis=0))  # [MAX_SPLITS]
+    total = tl.sum(weights * tl.load(part_sum_ptr + parts, mask=present, other=0.0), axis=0)
+    outputs = tl.load(part_out_ptr + parts[:, None] * HEAD_DIM + dims[None, :], mask=present[:, None], other=0.0)  # [MAX_SPLITS, HEAD_DIM]
     out = tl.sum(weights[:, None] * outputs, axis=0) / total
     tl.store(out_ptr + sequence * stride_out_seq + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty))
 
@@ -123,9 +131,9 @@ def merge_kernel(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, stride_out_s
 def num_splits(batch: int, num_kv_heads: int, tiles: int, programs_wanted: int) -> int:
     """Partitions per sequence: a power of two, the most that keeps ``batch * num_kv_heads * splits``
     within ``programs_wanted`` (1 when the batch alone fills the device), and at most ``tiles``
-    (a sequence's longest span in tiles) so that no partition is empty by construction."""
+    (a sequence's longest span in tiles) and `MAX_SPLITS`."""
     splits = 1
-    while splits * 2 <= tiles and batch * num_kv_heads * splits * 2 <= programs_wanted:
+    while splits * 2 <= min(tiles, MAX_SPLITS) and batch * num_kv_heads * splits * 2 <= programs_wanted:
         splits *= 2
     return splits
 
@@ -163,10 +171,10 @@ def paged_decode_attention(
     paged_decode_kernel[(batch, num_kv_heads, splits)](
         q, key_cache, value_cache, block_tables, seq_lens.contiguous(), out, part_max, part_sum, part_out, head_dim**-0.5,
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), partition_len,
+        out.stride(0), out.stride(1), splits, partition_len,
         GROUP=group, GROUP_PAD=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        TILE=tile, NUM_SPLITS=splits, BFLOAT16=key_cache.dtype == torch.bfloat16,
+        TILE=tile, BFLOAT16=key_cache.dtype == torch.bfloat16,
     )  # fmt: skip
     if splits > 1:
-        merge_kernel[(batch, num_heads)](part_max, part_sum, part_out, out, out.stride(0), out.stride(1), NUM_SPLITS=splits, HEAD_DIM=head_dim)
+        merge_kernel[(batch, num_heads)](part_max, part_sum, part_out, out, out.stride(0), out.stride(1), splits, MAX_SPLITS=MAX_SPLITS, HEAD_DIM=head_dim)
     return out

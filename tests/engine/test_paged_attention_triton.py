@@ -59,7 +59,7 @@ def test_kernel_matches_the_gather_path(num_heads, num_kv_heads, case, dtype):
 
 @pytest.mark.parametrize(
     ("batch", "num_kv_heads", "tiles", "expected"),
-    [(1, 8, 128, 32), (1, 8, 3, 2), (4, 8, 128, 8), (33, 8, 128, 1), (256, 8, 128, 1), (1, 1, 1, 1)],
+    [(1, 8, 128, 32), (1, 8, 3, 2), (4, 8, 128, 8), (33, 8, 128, 1), (256, 8, 128, 1), (1, 1, 1, 1), (1, 1, 4096, 64)],
 )
 def test_a_small_batch_splits_its_positions_to_fill_the_device(batch, num_kv_heads, tiles, expected):
     from engine.models.paged_attention_triton import num_splits
@@ -95,11 +95,11 @@ POINTERS = ("q_ptr", "key_ptr", "value_ptr", "out_ptr")
 PARTS = {"part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_out_ptr": "*fp32"}
 
 
-@pytest.mark.parametrize(("dtype", "tile", "splits"), [("bf16", 64, 1), ("bf16", 64, 8), ("fp32", 32, 4)])
-def test_kernels_compile_for_sm90(dtype: str, tile: int, splits: int) -> None:
+@pytest.mark.parametrize(("dtype", "tile"), [("bf16", 64), ("fp32", 32)])
+def test_kernels_compile_for_sm90(dtype: str, tile: int) -> None:
     signature = {name: f"*{dtype}" for name in POINTERS} | PARTS | {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "scale": "fp32"}
-    signature |= {name: "i64" for name in STRIDES} | {"partition_len": "i32"}
-    constexprs = {"GROUP": 4, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": 128, "TILE": tile, "NUM_SPLITS": splits, "BFLOAT16": dtype == "bf16"}
+    signature |= {name: "i64" for name in STRIDES} | {"num_splits": "i32", "partition_len": "i32"}
+    constexprs = {"GROUP": 4, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": 128, "TILE": tile, "BFLOAT16": dtype == "bf16"}
     assert_compiles_for_sm90("engine.models.paged_attention_triton", "paged_decode_kernel", signature, constexprs)
-    merge_signature = PARTS | {"out_ptr": f"*{dtype}", "stride_out_seq": "i64", "stride_out_head": "i64"}
-    assert_compiles_for_sm90("engine.models.paged_attention_triton", "merge_kernel", merge_signature, {"NUM_SPLITS": splits, "HEAD_DIM": 128})
+    merge_signature = PARTS | {"out_ptr": f"*{dtype}", "stride_out_seq": "i64", "stride_out_head": "i64", "num_splits": "i32"}
+    assert_compiles_for_sm90("engine.models.paged_attention_triton", "merge_kernel", merge_signature, {"MAX_SPLITS": 64, "HEAD_DIM": 128})
