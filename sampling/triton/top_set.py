@@ -23,8 +23,8 @@ Per row (one program per row on a GPU):
 ``M`` is known without ``T`` except with top-k and top-p together, where it needs top-k's threshold
 unless the candidate's counts fix it. The k-th largest weight comes from a radix select on the float32
 bits of ``w`` that runs beside the checks from the first one (and starts when a candidate fails top-k
-alone): a ``NUM_BINS``-bin count histogram per pass narrows its bracket by ``log2(NUM_BINS)`` bits (3
-passes for 1024 bins), and the masses above and below the bracket bound ``M``, so that most candidates
+alone): a ``NUM_BINS``-bin count histogram per pass narrows its bracket by ``log2(NUM_BINS)`` bits (6
+for 64 bins), and the masses above and below the bracket bound ``M``, so that most candidates
 are decided before the select ends.
 
 LM-shaped rows need 2-3 passes (1 with no truncation, or when min-p alone keeps the first winner); each

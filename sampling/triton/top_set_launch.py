@@ -13,8 +13,8 @@ from sampling.triton.top_set import top_set_sample_kernel
 
 TOP_SET_STAGES = frozenset({Feature.MIN_P, Feature.TOP_K, Feature.TOP_P})
 """The truncations this kernel handles; any other goes to `truncate_and_draw_kernel`."""
-NUM_BINS = 1024
-"""Bins of the top-k radix select: 10 bits of the bracket per pass."""
+NUM_BINS = 64
+"""Bins of the top-k radix select: 6 bits of the bracket per pass."""
 BLOCK_V = 4096
 INTERPRETER_ELEMENTS = 2**20
 """The interpreter runs programs one after another with numpy, so it gets many rows per program (and

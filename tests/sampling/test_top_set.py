@@ -52,11 +52,11 @@ def test_temperature_greedy_and_min_p_take_one_pass_when_the_winner_is_kept() ->
     assert run_top_set(params, logits).passes.tolist() == [1] * 6
 
 
-def test_top_k_alone_takes_at_most_six_passes() -> None:
-    """Flat rows and a small k: the first winners fail top-k, so the radix select (3 passes at 1024 bins) runs."""
+def test_top_k_alone_takes_at_most_eight_passes() -> None:
+    """Flat rows and a small k: the first winners fail top-k, so the radix select (6 bits a pass at 64 bins) runs."""
     logits = flat_logits(64, 3000, seed=3, scale=0.5)
     drawn = run_top_set([SamplingParams(top_k=3, seed=i) for i in range(64)], logits)
-    assert drawn.passes.max() <= 6
+    assert drawn.passes.max() <= 8
     assert drawn.passes.float().mean() > 2  # the select did run
 
 

@@ -28,5 +28,5 @@ SIGNATURE = {
 @pytest.mark.parametrize("flags", [(True, True, True), (False, False, True), (False, True, False)])
 def test_kernel_compiles_for_sm90(flags: tuple[bool, bool, bool]) -> None:
     has_min_p, has_top_k, has_top_p = flags
-    constexprs = {"HAS_MIN_P": has_min_p, "HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_R": 1, "BLOCK_V": 4096, "NUM_BINS": 1024}
+    constexprs = {"HAS_MIN_P": has_min_p, "HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_R": 1, "BLOCK_V": 4096, "NUM_BINS": 64}
     assert_compiles_for_sm90("sampling.triton.top_set", "top_set_sample_kernel", SIGNATURE, constexprs, {"TRITON_DEFAULT_FP_FUSION": "1"})
