@@ -202,7 +202,16 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(gate, up))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up: [T, I] -> silu(gate) * up: in one Triton kernel on CUDA (`engine.models.activation_triton`), else torch's two."""
+    if gate.device.type == "cuda":
+        from engine.models.activation_triton import silu_mul as fused  # Triton only where it runs
+
+        return fused(gate, up)
+    return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
