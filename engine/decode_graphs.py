@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import numpy as np
 import torch
 
 from engine.kv.kv_cache import PagedKVCache
-from engine.models.attention_metadata import AttentionGroup, AttentionMetadata, ScheduledChunk
+from engine.models.attention_metadata import AttentionGroup, AttentionMetadata, ScheduledChunk, padded_tables
 from engine.models.llama import LlamaForCausalLM
 from sampling.device_copy import copy_into
 
@@ -118,15 +119,16 @@ class DecodeGraphs:
 
     def _host_inputs(self, chunks: list[ScheduledChunk], size: int) -> torch.Tensor:
         """[size, INPUT_COLUMNS + widest table]: the chunks' rows, then padding rows."""
-        block_size, scratch = self.kv_cache.block_size, self.kv_cache.scratch_block
+        block_size = self.kv_cache.block_size
         tables = [chunk.block_ids[: chunk.position // block_size + 1] for chunk in chunks]
         width = max(len(table) for table in tables)
-        rows = [
-            [chunk.position, table[-1], chunk.position % block_size, chunk.position + 1, *table, *[scratch] * (width - len(table))]
-            for chunk, table in zip(chunks, tables)
-        ]
-        padding = [[0, scratch, 0, 1, *[scratch] * width]] * (size - len(chunks))
-        return torch.tensor(rows + padding, dtype=torch.int64)
+        inputs = self._padding_rows(size, INPUT_COLUMNS + width)
+        rows = inputs.numpy()[: len(chunks)]
+        rows[:, INPUT_COLUMNS:] = padded_tables(tables, width, pad=self.kv_cache.scratch_block)
+        positions = np.array([chunk.position for chunk in chunks], dtype=np.int64)
+        rows[:, POSITION], rows[:, OFFSET], rows[:, SEQ_LEN] = positions, positions % block_size, positions + 1
+        rows[:, BLOCK] = [table[-1] for table in tables]
+        return inputs
 
     def _padding_rows(self, size: int, columns: int) -> torch.Tensor:
         rows = torch.full((size, columns), self.kv_cache.scratch_block, dtype=torch.int64)
