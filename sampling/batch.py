@@ -92,6 +92,7 @@ class SamplingBatch:
             self._floats = torch.zeros(len(FLOAT_COLUMNS), max_num_rows, dtype=torch.float32, device=self.device)
             self._ints = torch.zeros(len(INT_COLUMNS), max_num_rows, dtype=torch.int64, device=self.device)
             self.output_pos = torch.zeros(max_num_rows, dtype=torch.int64, device=self.device)
+        self._ones = torch.ones(max_num_rows, dtype=torch.int64, device=self.device)
         self.entries = TokenEntries(max_num_rows, self.device)
         # Lazily allocated when the first row needing them joins: [R, V] or [R, max_model_len].
         self.output_counts: torch.Tensor | None = None
@@ -247,6 +248,13 @@ class SamplingBatch:
         values["is_greedy"] = values["is_greedy"].bool()
         values["has_seed"] = values["has_seed"].bool()
         return RowParams(**values, output_pos=self.output_pos[rows])
+
+    def record_argmax(self, rows: torch.Tensor) -> None:
+        """`record` for an `argmax_only` batch, whose every row got a token (an argmax) and reads
+        nothing but its output position: one launch. (The counts and history a row of an earlier
+        request kept are reset when a request that reads them joins the row.)"""
+        assert self.argmax_only
+        self.output_pos.index_add_(0, rows, self._ones[: rows.shape[0]])
 
     def record(self, rows: torch.Tensor, token_ids: torch.Tensor, cu_num_rows: torch.Tensor | None = None) -> None:
         """Account generated ``token_ids`` for ``rows`` ([n] distinct slots), on device.

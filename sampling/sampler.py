@@ -115,8 +115,7 @@ class Sampler:
     def record_argmax(self, token_ids: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """`__call__`'s output for a batch that is `SamplingBatch.argmax_only`, when the caller took
         the argmax itself (`LlamaForCausalLM.argmax_logits`, without the logits): token_ids [n]."""
-        assert batch.argmax_only
-        batch.record(rows.to(token_ids.device), token_ids)
+        batch.record_argmax(rows.to(token_ids.device))
         return SamplerOutput(token_ids, None)
 
     def verify(

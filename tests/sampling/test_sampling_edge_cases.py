@@ -157,6 +157,28 @@ def test_a_nan_from_a_penalty_never_wins(use_triton: bool) -> None:
     assert torch.equal(out[1::2], logits[1::2, 2:].argmax(dim=-1) + 2)
 
 
+def test_an_argmax_only_batch_records_its_tokens_in_one_operation() -> None:
+    """What each launch costs on a GPU (a few microseconds; the greedy goal is 30 us a call, the row
+    maximum included): an all-greedy batch's record is one index_add, counted as the torch operators that run."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Operators(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    batch = make_batch([SamplingParams(temperature=0.0)] * 4, 1000)
+    token_ids, rows = torch.tensor([3, 1, 4, 1], device=DEVICE), torch.arange(4, device=DEVICE)
+    with Operators() as operators:
+        Sampler().record_argmax(token_ids, rows, batch)
+    assert [name for name in operators.names if name.split(".")[0] != "slice"] == ["index_add_.default"], operators.names
+    assert batch.output_pos[:4].tolist() == [1] * 4
+
+
 @pytest.mark.parametrize("vocab", [1000, 49152])
 def test_an_argmax_only_batch_takes_the_first_maximum_and_counts_it(vocab: int) -> None:
     """All greedy with nothing else to apply: `Sampler.__call__` takes the argmax alone, and must give what the
