@@ -30,7 +30,7 @@ constexpr int64_t LANES = 16;
 constexpr int64_t BLOCK = 32;
 constexpr int64_t ROWS = 4;
 constexpr int64_t TOKENS = 4;
-constexpr int64_t TOKEN_BLOCK = 64;
+constexpr int64_t TOKEN_BLOCK = 128;
 
 typedef float f32v __attribute__((vector_size(LANES * 4)));
 typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
