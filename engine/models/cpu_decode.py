@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.models.attention_metadata import AttentionMetadata
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM, silu_mul
 from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, QuantLinear
 
 
@@ -104,5 +103,5 @@ class CpuDecode:
             attended = paged_attention.paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
             hidden = hidden + layer.o.matmul(attended.view(num_tokens, -1))
             gate_up = layer.gate_up.matmul(rms_norm.rms_norm(hidden, layer.post_norm, eps))
-            hidden = hidden + layer.down.matmul(F.silu(gate_up[:, : layer.intermediate_size]) * gate_up[:, layer.intermediate_size :])
+            hidden = hidden + layer.down.matmul(silu_mul(gate_up[:, : layer.intermediate_size], gate_up[:, layer.intermediate_size :]))
         return rms_norm.rms_norm(hidden, model.norm.weight, eps)
