@@ -49,7 +49,8 @@ HOST = "127.0.0.1"
 MODEL = "smollm2-135m-instruct"
 """Its tokenizer is what the ingress and the detokenizer use; no model is loaded."""
 RATES = (StepRate(256, 0.010), StepRate(512, 0.020))
-MAX_TOKENS = 256
+MAX_TOKENS = 1024
+"""Long enough that the burst's start (0.15-0.5 s until every stream has its first token) is a small part of the run."""
 DETOK_MODES: dict[str, dict[str, object]] = {
     "inline": {"inline_detok_threshold": 1_000_000, "detok_min_replicas": 0, "detok_max_replicas": 1},
     "pool": {"inline_detok_threshold": 0, "detok_min_replicas": 1, "detok_max_replicas": 1},

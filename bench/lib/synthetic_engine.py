@@ -1,8 +1,13 @@
 """A model-free engine for `bench.egress_capacity`: tokens at a GPU's step rate, with no model work.
 
 `SyntheticEngineCore` has the part of `engine.core.EngineCore`'s interface that
-`deployments.engine_actor.EngineActor` uses. Each `step` takes ``step_s`` of wall time (a
-sleep standing in for the device) and gives every running request one token; up to
+`deployments.engine_actor.EngineActor` uses. Each step gives every running request one token
+and keeps a stand-in device busy for ``step_s`` (a sleep); it is scheduled as the engine
+schedules on CUDA (``async_scheduling``, the default there): `step` launches a step and returns
+the previous one's outputs once the device has finished it, so the host's work between steps
+(publishing outputs, waiting for step credits) overlaps the next step's device time, and the
+device starts a step when it finishes the previous one or when the host launches it, whichever
+is later. Up to
 ``max_num_seqs`` run at once, the others wait; a request ends at its ``max_tokens`` (or the
 context) with finish reason ``length``; a request that asks for ``logprobs`` gets made-up ones with as
 many alternatives (real ids, so the ingress detokenizes each). `SyntheticEngineActor` is the real `EngineActor`
@@ -49,6 +54,14 @@ class StepRate:
         return self.max_num_seqs / self.step_s
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """A launched step: its outputs and when the stand-in device finishes it."""
+
+    outputs: list[EngineOutput]
+    done_at: float
+
+
 @dataclass
 class _Sequence:
     seed: int
@@ -82,6 +95,7 @@ class SyntheticEngineCore:
         self.waiting: deque[str] = deque()
         self.running: list[str] = []
         self.pending_outputs: list[EngineOutput] = []
+        self.in_flight: _InFlight | None = None
         self.finished_generated_counts: OrderedDict[str, int] = OrderedDict()
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_generated_tokens = 0
@@ -102,7 +116,7 @@ class SyntheticEngineCore:
         return 0  # no grammars
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self.pending_outputs)
+        return bool(self.requests) or bool(self.pending_outputs) or self.in_flight is not None
 
     def num_generated(self, request_id: str) -> int:
         if request_id in self.requests:
@@ -133,9 +147,24 @@ class SyntheticEngineCore:
                 self.pending_outputs.append(self._finish(request_id, FinishReason.ABORT, []))
 
     def step(self) -> list[EngineOutput]:
-        """One token for each running request, taking ``step_s`` in all."""
-        started = time.monotonic()
-        outputs, self.pending_outputs = self.pending_outputs, []
+        """Launch a step (one token for each running request); return the previous step's
+        outputs, waiting for the device to finish that step."""
+        launched = time.monotonic()
+        tokens = self._tokens()
+        ready, self.in_flight = self.in_flight, None
+        if tokens:
+            device_free = launched if ready is None else max(launched, ready.done_at)
+            self.in_flight = _InFlight(tokens, device_free + self.rate.step_s)
+        outputs = []
+        if ready is not None:
+            time.sleep(max(0.0, ready.done_at - time.monotonic()))
+            outputs = ready.outputs
+        outputs, self.pending_outputs = outputs + self.pending_outputs, []
+        return outputs
+
+    def _tokens(self) -> list[EngineOutput]:
+        """One token for each running request, after admitting waiting ones up to ``max_num_seqs``."""
+        outputs = []
         self.running = [r for r in self.running if r in self.requests]
         self.waiting = deque(r for r in self.waiting if r in self.requests)
         while self.waiting and len(self.running) < self.rate.max_num_seqs:
@@ -151,7 +180,6 @@ class SyntheticEngineCore:
             output.logprobs = sequence.logprobs()
             outputs.append(output)
         self.running = [r for r in self.running if r in self.requests]
-        time.sleep(max(0.0, started + self.rate.step_s - time.monotonic()))
         return outputs
 
     def _finish(self, request_id: str, reason: FinishReason, new_token_ids: list[int]) -> EngineOutput:

@@ -95,6 +95,17 @@ def test_depth_matches_a_recursive_count(value, ascii_only):
     assert json_depth(json.dumps(value, ensure_ascii=ascii_only).encode()) == _depth(value)
 
 
+@given(st.dictionaries(st.text(alphabet=st.sampled_from('[]{}"a')), JSON, max_size=3), st.integers(1, 6))
+def test_the_depth_limit_holds_whether_or_not_the_brackets_are_scanned(value, max_depth):
+    # A body with no more brackets (strings included) than the limit skips the scan.
+    body = json.dumps(value).encode()
+    if _depth(value) <= max_depth:
+        assert parse_json_object(body, max_depth) == value
+    else:
+        with pytest.raises(APIError, match="max_json_depth"):
+            parse_json_object(body, max_depth)
+
+
 class Recorded(BaseModel):
     """A body that notes the thread it is validated on."""
 
