@@ -3,8 +3,9 @@
 ``python -m bench.engine_concurrency [--quick] [--model M] [--device D] [--out PATH]`` adds N greedy
 requests at once and steps until all finish: TTFT (from the start to each request's
 first token) p50/p99 and output tokens/s, for distinct 128-token prompts at 64 and 256
-sequences (in float32, then in bfloat16), and for prompts that share a 200-token system prompt with prefix caching on
-and off. Prints a table and writes bench/results/engine_concurrency.json (or ``--out``).
+sequences (in float32 on the defaults, which on a CPU with AMX compute prompt tokens' matmuls in
+bfloat16 tiles; in float32 for every token; in bfloat16), and for prompts that share a 200-token
+system prompt with prefix caching on and off. Prints a table and writes bench/results/engine_concurrency.json (or ``--out``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def measure(checkpoint: Checkpoint, config: EngineConfig, workload: str, prompts
     return {
         "device": device_label(engine.runner.device),
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
+        "prompt_tiles": engine.runner.prompt_tiles,
         "workload": workload,
         "concurrency": len(prompts),
         "prefix_caching": config.enable_prefix_caching,
@@ -87,8 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     concurrencies, output_tokens = ((16, 64), 16) if args.quick else ((64, 256), 64)
     checkpoint = load_checkpoint(args.model)
     rows = []
-    for dtype in ("float32", "bfloat16"):  # the CPU's default, then the GPU's (and AMX's on CPUs that have it)
-        config = EngineConfig(model=args.model, device=args.device, dtype=dtype)
+    # The CPU's default, float32 for every token (no bfloat16 prompt tiles), then the GPU's dtype (and AMX's).
+    for dtype, prompt_tiles in (("float32", None), ("float32", False), ("bfloat16", None)):
+        config = EngineConfig(model=args.model, device=args.device, dtype=dtype, bf16_prompt_matmuls=prompt_tiles)
         rows += [measure(checkpoint, config, "distinct", distinct_prompts(n), output_tokens) for n in concurrencies]
     shared = shared_system_prompts(concurrencies[0])
     for caching in (True, False):

@@ -62,7 +62,11 @@ class EngineConfig:
 
     ``quantized_weights``: on the CPU in float32, a GGUF's Q4_0/Q4_1/Q8_0 matrices stay in their
     blocks and are multiplied through them (`engine.models.quant_linear`: the same weights, 4-5x
-    fewer bytes a step); False dequantizes them to float32 at load.
+    fewer bytes a step); False dequantizes them to float32 at load. ``bf16_prompt_matmuls``: with
+    them, on a CPU with AMX, prompt tokens' linear layers run in bfloat16 tiles
+    (`engine.models.prompt_tiles`: twice as fast a prefill, bfloat16's rounding on prompt tokens;
+    every other token stays float32, and a token's result never depends on its batch); None (the
+    default) turns them on wherever the CPU has AMX, False keeps every token in float32.
 
     On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
     may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).
@@ -98,6 +102,7 @@ class EngineConfig:
     max_beam_rows: int = 64
     cpu_threads: int | None = None
     quantized_weights: bool = True
+    bf16_prompt_matmuls: bool | None = None
     scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
 
     def __post_init__(self) -> None:

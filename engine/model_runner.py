@@ -23,7 +23,8 @@ from engine.models.attention_metadata import build_attention_metadata
 from engine.models.cpu_decode import CpuDecode
 from engine.models.llama import LlamaForCausalLM, merge_projections, use_rms_norm_kernel
 from engine.models.packed_linear import can_pack, pack_linears
-from engine.models.quant_linear import can_compute_quantized, quantize_linears
+from engine.models.prompt_tiles import cpu_has_amx
+from engine.models.quant_linear import add_prompt_tiles, can_compute_quantized, quantize_linears
 from engine.outputs import TokenLogprobs
 from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request
@@ -100,6 +101,11 @@ class ModelRunner:
         self.quantized = config.quantized_weights and can_compute_quantized(self.device, self.dtype, checkpoint.quantized)
         if self.quantized:
             self._keep_quantized(checkpoint)
+        self.prompt_tiles = self.quantized and config.bf16_prompt_matmuls is not False and cpu_has_amx()
+        if self.prompt_tiles:
+            logger.info("prompt tokens' matmuls in bfloat16 tiles on AMX: %d layers", add_prompt_tiles(self.model.layers))
+        elif config.bf16_prompt_matmuls:
+            logger.warning("bf16_prompt_matmuls needs a float32 CPU model with quantized weights and a CPU with AMX: prompt tokens stay float32")
         num_blocks = pool_num_blocks(config, checkpoint.config, self.dtype, self.device)
         self.kv_cache = PagedKVCache(checkpoint.config, num_blocks, config.block_size, self.dtype, self.device)
         self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)
@@ -201,7 +207,7 @@ class ModelRunner:
         through the CPU's kernels without module calls (`CpuDecode`), any other step by the modules."""
         if self.decode_graphs is not None and self.decode_graphs.fits(step.chunks):
             return self.decode_graphs.run(input_ids, step.chunks)
-        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel, self.rope_kernel)
+        meta = build_attention_metadata(step.chunks, self.kv_cache.block_size, self.device, self.paged_decode_kernel, self.rope_kernel, self.prompt_tiles)
         if self.cpu_decode is not None and self.cpu_decode.fits(meta):
             return self.cpu_decode(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)
         return self.model(input_ids, meta, self.kv_cache.keys, self.kv_cache.values)

@@ -360,7 +360,8 @@ def _schedule_chunk(step: ScheduledStep, sequence: Request, num_tokens: int, dra
     start = sequence.num_computed_tokens
     assert sequence.slot is not None
     step.requests.append(sequence)
-    step.chunks.append(ScheduledChunk(block_ids=tuple(sequence.kv.block_ids), position=start, num_tokens=num_tokens + len(drafts)))
+    chunk = ScheduledChunk(tuple(sequence.kv.block_ids), start, num_tokens + len(drafts), prompt_tokens=len(sequence.prompt_token_ids))
+    step.chunks.append(chunk)
     if start == sequence.num_tokens:  # a decode whose input is still on the device
         assert num_tokens == 1 and not drafts
         step.placeholder_inputs.append((len(step.input_ids), owner))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.models.prompt_tiles import MatmulRows
 from sampling.device_copy import to_device
 
 SHORT_CHUNK_TOKENS = 32
@@ -42,6 +43,8 @@ class AttentionMetadata:
     CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
     rope_kernel: queries and keys are rotated and the cache written in one C++ call (float32 on the
     CPU: `engine.kernels.rope_cache`) instead of torch's operations.
+    matmul_rows: the rows at prompt positions, which linear layers with bfloat16 tiles compute in them
+    (`engine.models.prompt_tiles`); None where the model has no tiles or the step no prompt token.
     """
 
     blocks: torch.Tensor
@@ -50,6 +53,7 @@ class AttentionMetadata:
     groups: list[AttentionGroup]
     decode_kernel: bool = False
     rope_kernel: bool = False
+    matmul_rows: MatmulRows | None = None
 
     @property
     def decode_kernel_only(self) -> bool:
@@ -62,17 +66,25 @@ class ScheduledChunk:
     """``num_tokens`` consecutive tokens of one sequence, starting at cache ``position``.
 
     block_ids: the sequence's block table, covering at least ``position + num_tokens`` positions.
+    prompt_tokens: the sequence's prompt length: its positions below it are prompt tokens.
     """
 
     block_ids: tuple[int, ...]
     position: int
     num_tokens: int
+    prompt_tokens: int = 0
 
 
 def build_attention_metadata(
-    chunks: list[ScheduledChunk], block_size: int, device: torch.device, decode_kernel: bool = False, rope_kernel: bool = False
+    chunks: list[ScheduledChunk],
+    block_size: int,
+    device: torch.device,
+    decode_kernel: bool = False,
+    rope_kernel: bool = False,
+    prompt_tiles: bool = False,
 ) -> AttentionMetadata:
-    """Metadata for a flat batch laid out as the chunks, in order, back to back.
+    """Metadata for a flat batch laid out as the chunks, in order, back to back; ``prompt_tiles``:
+    with the `MatmulRows` of the model's bfloat16 tiles.
 
     Decode chunks (one token), short chunks (verified drafts, prefill tails) and long
     prefill chunks form separate groups, so a long chunk does not pad every short query
@@ -98,7 +110,16 @@ def build_attention_metadata(
         groups=[AttentionGroup(*(to_device(t, device) for t in (g.token_index, g.block_tables, g.mask, g.seq_lens))) for g in groups],
         decode_kernel=decode_kernel,
         rope_kernel=rope_kernel,
+        matmul_rows=_matmul_rows(chunks, device) if prompt_tiles else None,
     )
+
+
+def _matmul_rows(chunks: list[ScheduledChunk], device: torch.device) -> MatmulRows | None:
+    """The flat rows at prompt positions and the others; None if no row is a prompt position."""
+    is_prompt = torch.tensor([p < c.prompt_tokens for c in chunks for p in range(c.position, c.position + c.num_tokens)], dtype=torch.bool)
+    if not is_prompt.any():
+        return None
+    return MatmulRows(to_device(is_prompt.nonzero().flatten(), device), to_device((~is_prompt).nonzero().flatten(), device))
 
 
 def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int, masked: bool) -> AttentionGroup:

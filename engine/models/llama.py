@@ -10,7 +10,8 @@ from engine.config import ModelConfig
 from engine.kernels import paged_attention, rms_norm, rope_cache
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.merged_linear import MergedLinear
-from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, merged
+from engine.models.prompt_tiles import MatmulRows
+from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, QuantLinear, merged
 from engine.models.rope import RotaryEmbedding
 
 ARGMAX_VOCAB_CHUNK = 4096
@@ -90,11 +91,11 @@ class Attention(nn.Module):
         self.qkv_proj: MergedQuantLinear | MergedLinear | None = None
         """q, k and v in one matmul, in place of the three (`merge_projections`)."""
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, rows: MatmulRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> q [T, H * D], k and v [T, KVH * D]."""
         if self.qkv_proj is not None:
-            return self.qkv_proj(x)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return linear(self.qkv_proj, x, rows)
+        return linear(self.q_proj, x, rows), linear(self.k_proj, x, rows), linear(self.v_proj, x, rows)
 
     def forward(
         self,
@@ -106,13 +107,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this batch's keys and values into the cache."""
         num_tokens = x.shape[0]
-        q, k, v = self.project(x)
+        q, k, v = self.project(x, meta.matmul_rows)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = rotate_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
         if meta.decode_kernel_only:
-            return self.o_proj(decode_attention(q, key_cache, value_cache, meta.groups[0]).view(num_tokens, -1))
+            return linear(self.o_proj, decode_attention(q, key_cache, value_cache, meta.groups[0]).view(num_tokens, -1), meta.matmul_rows)
         # Row num_tokens is scratch: padded queries read it and write their output there.
         q_padded = torch.cat([q, q.new_zeros(1, self.num_heads, self.head_dim)])
         out = q.new_empty(num_tokens + 1, self.num_heads, self.head_dim)
@@ -123,7 +124,7 @@ class Attention(nn.Module):
                 continue
             queries = q_padded[group.token_index].transpose(1, 2)  # [B, H, Q, D]
             out[group.token_index] = gather_attention(queries, key_cache, value_cache, group).transpose(1, 2)
-        return self.o_proj(out[:num_tokens].reshape(num_tokens, -1))
+        return linear(self.o_proj, out[:num_tokens].reshape(num_tokens, -1), meta.matmul_rows)
 
 
 def rotate_and_write_cache(
@@ -200,9 +201,18 @@ class MLP(nn.Module):
         self.gate_up_proj: MergedQuantLinear | MergedLinear | None = None
         """gate and up in one matmul, in place of the two (`merge_projections`)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(silu_mul(gate, up))
+    def forward(self, x: torch.Tensor, rows: MatmulRows | None = None) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; ``rows``: as `linear` takes them."""
+        if self.gate_up_proj is not None:
+            gate, up = linear(self.gate_up_proj, x, rows)
+        else:
+            gate, up = linear(self.gate_proj, x, rows), linear(self.up_proj, x, rows)
+        return linear(self.down_proj, silu_mul(gate, up), rows)
+
+
+def linear(module: nn.Module, x: torch.Tensor, rows: MatmulRows | None):  # noqa: ANN201 - a tensor, or a merged linear's tuple
+    """``module(x)``; a `QuantLinear` also takes the step's ``rows`` (which of them its bfloat16 tiles compute)."""
+    return module(x, rows) if rows is not None and isinstance(module, QuantLinear) else module(x)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -251,7 +261,7 @@ class LlamaForCausalLM(nn.Module):
         next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         for layer, next_norm, key_cache, value_cache in zip(self.layers, next_norms, key_caches, value_caches):
             hidden, normed = layer.post_attention_layernorm.add_and_norm(hidden, layer.self_attn(normed, self.rope, meta, key_cache, value_cache))
-            hidden, normed = next_norm.add_and_norm(hidden, layer.mlp(normed))
+            hidden, normed = next_norm.add_and_norm(hidden, layer.mlp(normed, meta.matmul_rows))
         return normed
 
     @property

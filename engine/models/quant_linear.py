@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from engine.kernels import quant_matmul
+from engine.models.prompt_tiles import MatmulRows, PromptTiles
 
 BLOCK = 32
 
@@ -52,7 +53,7 @@ class QuantizedWeight:
         return QuantizedWeight(torch.cat([w.q for w in weights]), torch.cat([w.scales for w in weights]), mins)
 
     def dequantize(self) -> torch.Tensor:
-        """[N, K] float32, as gguf's ``dequantize`` gives it (for tests)."""
+        """[N, K] float32, as gguf's ``dequantize`` gives it."""
         n, k = self.shape
         if self.mins is None:
             values = self.q.float().view(n, k // BLOCK, BLOCK) * self.scales[..., None]
@@ -85,17 +86,26 @@ def can_compute_quantized(device: torch.device, dtype: torch.dtype, weights: dic
 
 
 class QuantLinear(nn.Module):
-    """``F.linear(x, W, bias)`` for a `QuantizedWeight` W."""
+    """``F.linear(x, W, bias)`` for a `QuantizedWeight` W; with `prompt_tiles`, a step's prompt rows in bfloat16 tiles."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight_blocks = weight
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.detach()
+        self.prompt_tiles: PromptTiles | None = None
+        """W in bfloat16 for the rows `MatmulRows` names prompt rows (`add_prompt_tiles`)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] float32 -> [T, out]."""
-        out = self.weight_blocks.matmul(x)
+    def forward(self, x: torch.Tensor, rows: MatmulRows | None = None) -> torch.Tensor:
+        """x: [T, in] float32 -> [T, out]; ``rows``: which rows take the bfloat16 tiles, if the layer has them."""
+        if rows is None or self.prompt_tiles is None:
+            out = self.weight_blocks.matmul(x)
+        elif len(rows.other) == 0:
+            out = self.prompt_tiles.matmul(x)
+        else:
+            out = x.new_empty(x.shape[0], self.out_features)
+            out[rows.prompt] = self.prompt_tiles.matmul(x[rows.prompt])
+            out[rows.other] = self.weight_blocks.matmul(x[rows.other])
         return out if self.bias is None else out + self.bias
 
 
@@ -112,9 +122,9 @@ class MergedQuantLinear(QuantLinear):
         super().__init__(weight, bias)
         self.split_sizes = split_sizes
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(self, x: torch.Tensor, rows: MatmulRows | None = None) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         """x: [T, in] float32 -> one [T, out_i] view per merged linear."""
-        return super().forward(x).split(self.split_sizes, dim=-1)
+        return super().forward(x, rows).split(self.split_sizes, dim=-1)
 
 
 def merged(linears: list[nn.Module]) -> MergedQuantLinear | None:
@@ -141,3 +151,11 @@ def quantize_linears(model: nn.Module, weights: dict[str, QuantizedWeight]) -> l
         setattr(model.get_submodule(parent_name), child, QuantLinear(weight, module.bias))
         replaced.append(name)
     return replaced
+
+
+def add_prompt_tiles(model: nn.Module) -> int:
+    """Give every `QuantLinear` under ``model`` its weight in bfloat16 tiles (`engine.models.prompt_tiles`); returns how many."""
+    linears = [module for module in model.modules() if isinstance(module, QuantLinear)]
+    for linear in linears:
+        linear.prompt_tiles = PromptTiles(linear.weight_blocks.dequantize())
+    return len(linears)

@@ -52,6 +52,8 @@ def reference_logprobs(prompt, transformers_model) -> torch.Tensor:
 
 
 def engine_for(checkpoint, max_num_batched_tokens: int, **config: object) -> EngineCore:
+    """float32 for every token (no bfloat16 prompt tiles): the scores are held to transformers' float32 ones."""
+    config = {"bf16_prompt_matmuls": False} | config
     return EngineCore(EngineConfig(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=max_num_batched_tokens, dtype="float32", **config), checkpoint)
 
 

@@ -126,7 +126,7 @@ def test_the_default_models_blocks_are_its_float32_weights(smollm_checkpoint):
 
 @pytest.fixture(scope="module")
 def engines(smollm_checkpoint) -> tuple[EngineCore, EngineCore]:
-    config = EngineConfig(max_num_seqs=1, max_model_len=256)
+    config = EngineConfig(max_num_seqs=1, max_model_len=256, bf16_prompt_matmuls=False)  # every token through the kernel
     quantized, dequantized = (
         EngineCore(config, smollm_checkpoint),
         EngineCore(EngineConfig(max_num_seqs=1, max_model_len=256, quantized_weights=False), smollm_checkpoint),
@@ -135,25 +135,39 @@ def engines(smollm_checkpoint) -> tuple[EngineCore, EngineCore]:
     return quantized, dequantized
 
 
+def readme_logits(engines: tuple[EngineCore, EngineCore], prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each engine's logits at every position of a README prompt."""
+    ids = engines[0].tokenizer.encode(prompt)
+    first, second = (logits(engine, ids) for engine in engines)
+    return first, second
+
+
 def logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: the logits at every position of the prompt ``ids``, computed as the engine computes a prompt."""
     runner = engine.runner
-    chunk = ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids))
-    meta = build_attention_metadata([chunk], runner.kv_cache.block_size, runner.device)
+    chunk = ScheduledChunk(block_ids=tuple(range(runner.kv_cache.num_blocks)), position=0, num_tokens=len(ids), prompt_tokens=len(ids))
+    meta = build_attention_metadata([chunk], runner.kv_cache.block_size, runner.device, prompt_tiles=runner.prompt_tiles)
     return runner.model.compute_logits(runner.model(torch.tensor(ids), meta, runner.kv_cache.keys, runner.kv_cache.values))
+
+
+def readme_greedy_ids(engines: tuple[EngineCore, EngineCore], prompt: str) -> tuple[list[int], list[int]]:
+    """32 greedy tokens of each engine after a README prompt, as the README runs it (a question in the
+    chat template, a sentence to continue as it is)."""
+    tokenizer = engines[0].tokenizer
+    ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if prompt.endswith("?") else tokenizer.encode(prompt)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    first, second = (generate(engine, ids, params) for engine in engines)
+    return first, second
 
 
 @pytest.mark.parametrize("prompt", README_PROMPTS)
 def test_logits_stay_within_float32_tolerance_of_the_dequantized_path(engines, prompt):
-    quantized, dequantized = engines
-    ids = quantized.tokenizer.encode(prompt)
-    ours, reference = logits(quantized, ids), logits(dequantized, ids)
+    ours, reference = readme_logits(engines, prompt)
     torch.testing.assert_close(ours, reference, rtol=0, atol=LOGITS_ATOL)
     assert torch.equal(ours.argmax(-1), reference.argmax(-1))
 
 
 @pytest.mark.parametrize("prompt", README_PROMPTS)
 def test_greedy_text_is_the_dequantized_paths(engines, prompt):
-    quantized, dequantized = engines
-    ids = quantized.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if prompt.endswith("?") else quantized.tokenizer.encode(prompt)
-    params = SamplingParams(temperature=0.0, max_tokens=32)
-    assert generate(quantized, ids, params) == generate(dequantized, ids, params)
+    quantized, dequantized = readme_greedy_ids(engines, prompt)
+    assert quantized == dequantized
