@@ -110,16 +110,13 @@ def build_attention_metadata(
         groups=[AttentionGroup(*(to_device(t, device) for t in (g.token_index, g.block_tables, g.mask, g.seq_lens))) for g in groups],
         decode_kernel=decode_kernel,
         rope_kernel=rope_kernel,
-        matmul_rows=_matmul_rows(chunks, device) if prompt_tiles else None,
+        matmul_rows=_matmul_rows(chunks) if prompt_tiles else None,
     )
 
 
-def _matmul_rows(chunks: list[ScheduledChunk], device: torch.device) -> MatmulRows | None:
-    """The flat rows at prompt positions and the others; None if no row is a prompt position."""
-    is_prompt = torch.tensor([p < c.prompt_tokens for c in chunks for p in range(c.position, c.position + c.num_tokens)], dtype=torch.bool)
-    if not is_prompt.any():
-        return None
-    return MatmulRows(to_device(is_prompt.nonzero().flatten(), device), to_device((~is_prompt).nonzero().flatten(), device))
+def _matmul_rows(chunks: list[ScheduledChunk]) -> MatmulRows | None:
+    """The flat rows at prompt positions and the others (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position."""
+    return MatmulRows.of(torch.tensor([p < c.prompt_tokens for c in chunks for p in range(c.position, c.position + c.num_tokens)], dtype=torch.bool))
 
 
 def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int, masked: bool) -> AttentionGroup:

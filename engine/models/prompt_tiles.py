@@ -43,11 +43,26 @@ def cpu_has_amx() -> bool:
 class MatmulRows:
     """The rows of a step's flat batch that linear layers compute in bfloat16 tiles, and the others.
 
-    prompt: [P] int64, the rows at prompt positions; other: [T - P] int64, the rest, in float32.
+    prompt: the rows at prompt positions; other: the rest, in float32, None if there are none. Each is
+    a slice where its rows are one run (a step's decode tokens come first, its prompt chunks after
+    them: a view instead of a gather, 4-5x cheaper at 500 rows), else [R] int64 row indices.
     """
 
-    prompt: torch.Tensor
-    other: torch.Tensor
+    prompt: slice | torch.Tensor
+    other: slice | torch.Tensor | None
+
+    @staticmethod
+    def of(is_prompt: torch.Tensor) -> MatmulRows | None:
+        """From is_prompt: [T] bool (host); None if no row is a prompt row."""
+        prompt = is_prompt.nonzero().flatten()
+        if len(prompt) == 0:
+            return None
+        num_rows, first, end = len(is_prompt), int(prompt[0]), int(prompt[-1]) + 1
+        if end - first != len(prompt):  # not one run: a recomputed output between prompt chunks
+            return MatmulRows(prompt, (~is_prompt).nonzero().flatten())
+        if first == 0:
+            return MatmulRows(slice(0, end), None if end == num_rows else slice(end, num_rows))
+        return MatmulRows(slice(first, end), slice(0, first) if end == num_rows else (~is_prompt).nonzero().flatten())
 
 
 class PromptTiles:
@@ -58,14 +73,14 @@ class PromptTiles:
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), ROW_TILE)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16)."""
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16), written into ``out`` if given (a view of a larger result)."""
         num_rows = x.shape[0]
         padded_rows = -(-num_rows // ROW_TILE) * ROW_TILE
         tiles_in = x.new_empty(padded_rows, self.in_features, dtype=torch.bfloat16)
         tiles_in[:num_rows] = x
         tiles_in[num_rows:] = 0
-        out = x.new_empty(num_rows, self.out_features)
+        out = x.new_empty(num_rows, self.out_features) if out is None else out
         for start in range(0, num_rows, ROW_TILE):
             tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + ROW_TILE], self.packed, None, "none", [], "")
             out[start : start + ROW_TILE] = tile_out[: num_rows - start]

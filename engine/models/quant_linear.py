@@ -100,11 +100,14 @@ class QuantLinear(nn.Module):
         """x: [T, in] float32 -> [T, out]; ``rows``: which rows take the bfloat16 tiles, if the layer has them."""
         if rows is None or self.prompt_tiles is None:
             out = self.weight_blocks.matmul(x)
-        elif len(rows.other) == 0:
+        elif rows.other is None:
             out = self.prompt_tiles.matmul(x)
         else:
             out = x.new_empty(x.shape[0], self.out_features)
-            out[rows.prompt] = self.prompt_tiles.matmul(x[rows.prompt])
+            if isinstance(rows.prompt, slice):
+                self.prompt_tiles.matmul(x[rows.prompt], out=out[rows.prompt])
+            else:
+                out[rows.prompt] = self.prompt_tiles.matmul(x[rows.prompt])
             out[rows.other] = self.weight_blocks.matmul(x[rows.other])
         return out if self.bias is None else out + self.bias
 

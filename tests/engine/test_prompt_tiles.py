@@ -47,17 +47,22 @@ def test_within_bfloat16_rounding_of_the_float32_product():
     torch.testing.assert_close(PromptTiles(weight).matmul(x), expected, rtol=0, atol=0.02 * expected.abs().max().item())
 
 
-def test_prompt_rows_take_the_tiles_and_the_others_keep_the_kernels_bits():
+@pytest.mark.parametrize(
+    "is_prompt",
+    [[0] * 3 + [1] * 4 + [0] * 5 + [1] * 2 + [0] * 6, [0] * 5 + [1] * 15, [1] * 12 + [0] * 8, [1] * 20, [0] * 4 + [1] * 6 + [0] * 10],
+    ids=["scattered", "after-decodes", "before-outputs", "all", "between"],
+)
+def test_prompt_rows_take_the_tiles_and_the_others_keep_the_kernels_bits(is_prompt):
     weight = random_weight("q4_1", 192, 576)
     linear = QuantLinear(weight, bias=None)
     linear.prompt_tiles = PromptTiles(weight.dequantize())
     x = torch.randn(20, 576, generator=torch.Generator().manual_seed(4))
-    prompt, other = torch.tensor([3, 4, 5, 6, 12, 13]), torch.tensor([0, 1, 2, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19])
-    out = linear(x, MatmulRows(prompt, other))
-    assert torch.equal(out[other], weight.matmul(x)[other])
-    assert torch.equal(out[prompt], linear.prompt_tiles.matmul(x[prompt]))
-    assert torch.equal(linear(x, MatmulRows(torch.arange(20), torch.tensor([], dtype=torch.int64))), linear.prompt_tiles.matmul(x))
+    mask = torch.tensor(is_prompt, dtype=torch.bool)
+    out = linear(x, MatmulRows.of(mask))
+    assert torch.equal(out[~mask], weight.matmul(x)[~mask])
+    assert torch.equal(out[mask], linear.prompt_tiles.matmul(x[mask]))
     assert torch.equal(linear(x), weight.matmul(x))
+    assert MatmulRows.of(torch.zeros(20, dtype=torch.bool)) is None
 
 
 def test_matmul_rows_are_the_prompt_positions_of_each_chunk():
@@ -65,8 +70,11 @@ def test_matmul_rows_are_the_prompt_positions_of_each_chunk():
     decode = ScheduledChunk((1,), position=9, num_tokens=1, prompt_tokens=7)
     recomputed = ScheduledChunk((2, 3), position=4, num_tokens=6, prompt_tokens=7)  # positions 4-6 prompt, 7-9 output
     rows = build_attention_metadata([decode, prefill, recomputed], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert rows.prompt.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert rows.other.tolist() == [0, 9, 10, 11]
+    assert rows.prompt == slice(1, 9) and rows.other.tolist() == [0, 9, 10, 11]
+    rows = build_attention_metadata([prefill, decode, prefill], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
+    assert rows.prompt.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] and rows.other.tolist() == [5]
+    rows = build_attention_metadata([decode, decode, prefill], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
+    assert (rows.prompt, rows.other) == (slice(2, 7), slice(0, 2))
     assert build_attention_metadata([decode], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows is None
     assert build_attention_metadata([prefill], 16, torch.device("cpu")).matmul_rows is None
 
