@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.models.prompt_tiles import MatmulRows
+from engine.models.prompt_tiles import MatmulRows, tile_rows_for
 from sampling.device_copy import to_device
 
 SHORT_CHUNK_TOKENS = 32
@@ -115,8 +115,12 @@ def build_attention_metadata(
 
 
 def _matmul_rows(chunks: list[ScheduledChunk]) -> MatmulRows | None:
-    """The flat rows at prompt positions and the others (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position."""
-    return MatmulRows.of(torch.tensor([p < c.prompt_tokens for c in chunks for p in range(c.position, c.position + c.num_tokens)], dtype=torch.bool))
+    """Each flat row's tile size (`tile_rows_for` its prompt at a prompt position, else 0: float32) as
+    `MatmulRows` (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position."""
+    tiles = [tile_rows_for(c.prompt_tokens) for c in chunks]
+    return MatmulRows.of(
+        torch.tensor([tile if p < c.prompt_tokens else 0 for c, tile in zip(chunks, tiles) for p in range(c.position, c.position + c.num_tokens)])
+    )
 
 
 def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int, masked: bool) -> AttentionGroup:

@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 
 ROW_TILE = 128
-"""Rows of every oneDNN call; the weight is prepacked for it."""
+"""Rows of a oneDNN call for a prompt of `SHORT_PROMPT_TOKENS` or more; the weight is prepacked for it."""
+SHORT_PROMPT_ROW_TILE = 32
+"""Rows of a oneDNN call for a shorter prompt: a lone chat's 10-token prompt pays for 32 rows, not 128."""
+SHORT_PROMPT_TOKENS = 64
+
+
+def tile_rows_for(prompt_tokens: int) -> int:
+    """The tile size of a prompt of ``prompt_tokens`` tokens: a property of the request alone, so a row's bits are too."""
+    return SHORT_PROMPT_ROW_TILE if prompt_tokens < SHORT_PROMPT_TOKENS else ROW_TILE
 
 
 def cpu_has_amx() -> bool:
@@ -40,29 +48,34 @@ def cpu_has_amx() -> bool:
 
 
 @dataclass(frozen=True)
-class MatmulRows:
-    """The rows of a step's flat batch that linear layers compute in bfloat16 tiles, and the others.
+class RowGroup:
+    """Rows of a step's flat batch computed alike: in bfloat16 tiles of ``tile_rows`` rows, or (0) by the float32 kernel.
 
-    prompt: the rows at prompt positions; other: the rest, in float32, None if there are none. Each is
-    a slice where its rows are one run (a step's decode tokens come first, its prompt chunks after
+    rows: a slice where they are one run (a step's decode tokens come first, its prompt chunks after
     them: a view instead of a gather, 4-5x cheaper at 500 rows), else [R] int64 row indices.
     """
 
-    prompt: slice | torch.Tensor
-    other: slice | torch.Tensor | None
+    tile_rows: int
+    rows: slice | torch.Tensor
+
+
+@dataclass(frozen=True)
+class MatmulRows:
+    """How a step's linear layers compute each row: its rows split into `RowGroup`s."""
+
+    groups: tuple[RowGroup, ...]
 
     @staticmethod
-    def of(is_prompt: torch.Tensor) -> MatmulRows | None:
-        """From is_prompt: [T] bool (host); None if no row is a prompt row."""
-        prompt = is_prompt.nonzero().flatten()
-        if len(prompt) == 0:
+    def of(tile_rows: torch.Tensor) -> MatmulRows | None:
+        """From tile_rows: [T] int64 (host), each row's tile size (0: float32); None if no row takes tiles."""
+        if not tile_rows.any():
             return None
-        num_rows, first, end = len(is_prompt), int(prompt[0]), int(prompt[-1]) + 1
-        if end - first != len(prompt):  # not one run: a recomputed output between prompt chunks
-            return MatmulRows(prompt, (~is_prompt).nonzero().flatten())
-        if first == 0:
-            return MatmulRows(slice(0, end), None if end == num_rows else slice(end, num_rows))
-        return MatmulRows(slice(first, end), slice(0, first) if end == num_rows else (~is_prompt).nonzero().flatten())
+        groups = []
+        for size in tile_rows.unique().tolist():
+            indices = (tile_rows == size).nonzero().flatten()
+            first, end = int(indices[0]), int(indices[-1]) + 1
+            groups.append(RowGroup(size, slice(first, end) if end - first == len(indices) else indices))
+        return MatmulRows(tuple(groups))
 
 
 class PromptTiles:
@@ -73,15 +86,16 @@ class PromptTiles:
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), ROW_TILE)
 
-    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16), written into ``out`` if given (a view of a larger result)."""
+    def matmul(self, x: torch.Tensor, tile_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16, ``tile_rows`` rows a call), written into ``out``
+        if given (a view of a larger result)."""
         num_rows = x.shape[0]
-        padded_rows = -(-num_rows // ROW_TILE) * ROW_TILE
+        padded_rows = -(-num_rows // tile_rows) * tile_rows
         tiles_in = x.new_empty(padded_rows, self.in_features, dtype=torch.bfloat16)
         tiles_in[:num_rows] = x
         tiles_in[num_rows:] = 0
         out = x.new_empty(num_rows, self.out_features) if out is None else out
-        for start in range(0, num_rows, ROW_TILE):
-            tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + ROW_TILE], self.packed, None, "none", [], "")
-            out[start : start + ROW_TILE] = tile_out[: num_rows - start]
+        for start in range(0, num_rows, tile_rows):
+            tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + tile_rows], self.packed, None, "none", [], "")
+            out[start : start + tile_rows] = tile_out[: num_rows - start]
         return out

@@ -100,16 +100,23 @@ class QuantLinear(nn.Module):
         """x: [T, in] float32 -> [T, out]; ``rows``: which rows take the bfloat16 tiles, if the layer has them."""
         if rows is None or self.prompt_tiles is None:
             out = self.weight_blocks.matmul(x)
-        elif rows.other is None:
-            out = self.prompt_tiles.matmul(x)
+        elif len(rows.groups) == 1:  # every row alike: no split
+            out = self._matmul(x, rows.groups[0].tile_rows)
         else:
             out = x.new_empty(x.shape[0], self.out_features)
-            if isinstance(rows.prompt, slice):
-                self.prompt_tiles.matmul(x[rows.prompt], out=out[rows.prompt])
-            else:
-                out[rows.prompt] = self.prompt_tiles.matmul(x[rows.prompt])
-            out[rows.other] = self.weight_blocks.matmul(x[rows.other])
+            for group in rows.groups:
+                if group.tile_rows and isinstance(group.rows, slice):
+                    self._matmul(x[group.rows], group.tile_rows, out=out[group.rows])
+                else:
+                    out[group.rows] = self._matmul(x[group.rows], group.tile_rows)
         return out if self.bias is None else out + self.bias
+
+    def _matmul(self, x: torch.Tensor, tile_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T in bfloat16 tiles of ``tile_rows`` rows, or (0) by the float32 kernel."""
+        if tile_rows == 0:
+            return self.weight_blocks.matmul(x)
+        assert self.prompt_tiles is not None
+        return self.prompt_tiles.matmul(x, tile_rows, out)
 
 
 class MergedQuantLinear(QuantLinear):

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kernels import quant_matmul
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
-from engine.models.prompt_tiles import ROW_TILE, MatmulRows, PromptTiles, cpu_has_amx
+from engine.models.prompt_tiles import ROW_TILE, SHORT_PROMPT_ROW_TILE, SHORT_PROMPT_TOKENS, MatmulRows, PromptTiles, RowGroup, cpu_has_amx
 from engine.models.quant_linear import QuantLinear
 from sampling.params import SamplingParams
 from tests.engine.test_quant_linear import README_PROMPTS, random_weight, readme_greedy_ids, readme_logits
@@ -33,48 +33,60 @@ def tiles() -> PromptTiles:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(1, 3 * ROW_TILE), st.integers(0, 99))
-def test_a_row_is_the_same_in_any_tile_at_any_place(tiles, num_rows, offset):
+@given(st.sampled_from([ROW_TILE, SHORT_PROMPT_ROW_TILE]), st.integers(1, 3 * ROW_TILE), st.integers(0, 99))
+def test_a_row_is_the_same_in_any_tile_at_any_place(tiles, tile_rows, num_rows, offset):
     x = torch.randn(3 * ROW_TILE + 100, 576, generator=torch.Generator().manual_seed(1))
-    everything = tiles.matmul(x)
-    assert torch.equal(tiles.matmul(x[offset : offset + num_rows]), everything[offset : offset + num_rows])
+    everything = tiles.matmul(x, tile_rows)
+    assert torch.equal(tiles.matmul(x[offset : offset + num_rows], tile_rows), everything[offset : offset + num_rows])
 
 
 def test_within_bfloat16_rounding_of_the_float32_product():
     weight = torch.randn(576, 1536, generator=torch.Generator().manual_seed(2))
     x = torch.randn(200, 1536, generator=torch.Generator().manual_seed(3))
     expected = F.linear(x, weight)
-    torch.testing.assert_close(PromptTiles(weight).matmul(x), expected, rtol=0, atol=0.02 * expected.abs().max().item())
+    torch.testing.assert_close(PromptTiles(weight).matmul(x, ROW_TILE), expected, rtol=0, atol=0.02 * expected.abs().max().item())
+
+
+S, L = SHORT_PROMPT_ROW_TILE, ROW_TILE
 
 
 @pytest.mark.parametrize(
-    "is_prompt",
-    [[0] * 3 + [1] * 4 + [0] * 5 + [1] * 2 + [0] * 6, [0] * 5 + [1] * 15, [1] * 12 + [0] * 8, [1] * 20, [0] * 4 + [1] * 6 + [0] * 10],
-    ids=["scattered", "after-decodes", "before-outputs", "all", "between"],
+    "tile_rows",
+    [
+        [0] * 3 + [L] * 4 + [0] * 5 + [L] * 2 + [0] * 6,
+        [0] * 5 + [L] * 15,
+        [L] * 12 + [0] * 8,
+        [L] * 20,
+        [0] * 4 + [S] * 6 + [L] * 10,
+        [0] * 4 + [S] * 6 + [0] * 4 + [L] * 6,
+        [S] * 8 + [L] * 4 + [S] * 8,
+    ],
+    ids=["scattered", "after-decodes", "before-outputs", "all", "short-then-long", "between", "long-between-short"],
 )
-def test_prompt_rows_take_the_tiles_and_the_others_keep_the_kernels_bits(is_prompt):
+def test_each_row_takes_its_own_tiles_or_the_kernels_bits(tile_rows):
     weight = random_weight("q4_1", 192, 576)
     linear = QuantLinear(weight, bias=None)
     linear.prompt_tiles = PromptTiles(weight.dequantize())
     x = torch.randn(20, 576, generator=torch.Generator().manual_seed(4))
-    mask = torch.tensor(is_prompt, dtype=torch.bool)
-    out = linear(x, MatmulRows.of(mask))
-    assert torch.equal(out[~mask], weight.matmul(x)[~mask])
-    assert torch.equal(out[mask], linear.prompt_tiles.matmul(x[mask]))
+    sizes = torch.tensor(tile_rows)
+    out = linear(x, MatmulRows.of(sizes))
+    assert torch.equal(out[sizes == 0], weight.matmul(x[sizes == 0]))
+    for size in (S, L):
+        assert torch.equal(out[sizes == size], linear.prompt_tiles.matmul(x[sizes == size], size))
     assert torch.equal(linear(x), weight.matmul(x))
-    assert MatmulRows.of(torch.zeros(20, dtype=torch.bool)) is None
+    assert MatmulRows.of(torch.zeros(20, dtype=torch.int64)) is None
 
 
-def test_matmul_rows_are_the_prompt_positions_of_each_chunk():
+def test_matmul_rows_are_the_prompt_positions_of_each_chunk_in_its_prompts_tiles():
+    long = SHORT_PROMPT_TOKENS
     prefill = ScheduledChunk((0,), position=0, num_tokens=5, prompt_tokens=5)
     decode = ScheduledChunk((1,), position=9, num_tokens=1, prompt_tokens=7)
-    recomputed = ScheduledChunk((2, 3), position=4, num_tokens=6, prompt_tokens=7)  # positions 4-6 prompt, 7-9 output
+    recomputed = ScheduledChunk((2, 3, 4, 5, 6), position=long - 3, num_tokens=6, prompt_tokens=long)  # 3 prompt positions, 3 outputs
     rows = build_attention_metadata([decode, prefill, recomputed], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert rows.prompt == slice(1, 9) and rows.other.tolist() == [0, 9, 10, 11]
-    rows = build_attention_metadata([prefill, decode, prefill], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert rows.prompt.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] and rows.other.tolist() == [5]
+    assert rows.groups[0].tile_rows == 0 and rows.groups[0].rows.tolist() == [0, 9, 10, 11]
+    assert rows.groups[1:] == (RowGroup(S, slice(1, 6)), RowGroup(L, slice(6, 9)))
     rows = build_attention_metadata([decode, decode, prefill], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert (rows.prompt, rows.other) == (slice(2, 7), slice(0, 2))
+    assert rows.groups == (RowGroup(0, slice(0, 2)), RowGroup(S, slice(2, 7)))
     assert build_attention_metadata([decode], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows is None
     assert build_attention_metadata([prefill], 16, torch.device("cpu")).matmul_rows is None
 
