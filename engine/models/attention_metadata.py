@@ -43,8 +43,9 @@ class AttentionMetadata:
     CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
     rope_kernel: queries and keys are rotated and the cache written in one C++ call (float32 on the
     CPU: `engine.kernels.rope_cache`) instead of torch's operations.
-    matmul_rows: the rows at prompt positions, which linear layers with bfloat16 tiles compute in them
-    (`engine.models.prompt_tiles`); None where the model has no tiles or the step no prompt token.
+    matmul_rows: how linear layers with bfloat16 tiles compute each row (prompt positions in their
+    prompt's tiles, the others in float32: `engine.models.prompt_tiles`); None where the model has no
+    tiles or the step no prompt token.
     """
 
     blocks: torch.Tensor

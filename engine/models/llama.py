@@ -210,8 +210,9 @@ class MLP(nn.Module):
         return linear(self.down_proj, silu_mul(gate, up), rows)
 
 
-def linear(module: nn.Module, x: torch.Tensor, rows: MatmulRows | None):  # noqa: ANN201 - a tensor, or a merged linear's tuple
-    """``module(x)``; a `QuantLinear` also takes the step's ``rows`` (which of them its bfloat16 tiles compute)."""
+def linear(module: nn.Module, x: torch.Tensor, rows: MatmulRows | None) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """``module(x)`` (a merged linear's: one output per projection); a `QuantLinear` also takes the
+    step's ``rows`` (which of them its bfloat16 tiles compute)."""
     return module(x, rows) if rows is not None and isinstance(module, QuantLinear) else module(x)
 
 

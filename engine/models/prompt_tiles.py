@@ -1,22 +1,24 @@
 """bfloat16 matmuls on AMX for a step's prompt tokens, in fixed tiles of rows so that each row's result is its own.
 
 On a CPU with AMX tiles (Intel Sapphire Rapids and later) oneDNN multiplies bfloat16 matrices
-several times faster than any float32 path: the default model's four projection shapes at 512
+several times faster than any float32 path: four projection shapes of the default model at 512
 rows in 1.4 ms against 9.7 for the 4-bit kernel. But which kernel oneDNN runs, and so each
 output's summation order, depends on the number of rows: measured with torch 2.13 here, a row's
 outputs differ in the last bit between a call of M rows and one of M' rows, for multiples of 16,
-32 or 64 too. Called only on tiles of exactly `ROW_TILE` rows (the last one padded with zeros),
-on a weight prepacked for that many rows, a row's outputs are the same whichever tile it falls
-in, at whichever place, beside whatever rows (`tests/engine/test_prompt_tiles.py`). The tiles
-cost a little of the speed (the four shapes at 128 rows in 0.72 ms, at 512 in 3.1 ms, against
-2.5 and 10.0 for the 4-bit kernel; at 16 rows 0.66 against 0.46).
+32 or 64 too. Called only on tiles of exactly one size (the last one padded with zeros), on a
+weight prepacked once, a row's outputs are the same whichever tile of that size it falls in, at
+whichever place, beside whatever rows (`tests/engine/test_prompt_tiles.py`). Tiles cost some of
+the speed (those shapes at 512 rows in 3.1 ms in 128-row tiles against 1.4 in one call), and a
+prompt shorter than its tile pays for the whole tile: a prompt of `SHORT_PROMPT_TOKENS` or more
+takes tiles of `ROW_TILE` rows, a shorter one tiles of `SHORT_PROMPT_ROW_TILE` (the model's
+projections at 10 rows in 0.60 ms against 0.52 for the float32 kernel and 0.95 in 128-row tiles).
 
-A step's rows are split by position (`MatmulRows`): prompt tokens take the tiles, everything
-else (decode tokens, verified drafts, outputs recomputed after a preemption) the float32 kernel,
-so whether a token is computed in bfloat16 depends on the token alone, never on the batch. The
-activations and outputs of the tiles are rounded to bfloat16 and the weights are the quantized
-blocks' values rounded to bfloat16: prompt tokens' keys, values and first logits move by
-bfloat16's rounding.
+A step's rows are split by position and prompt length (`MatmulRows`): prompt tokens take their
+prompt's tiles, everything else (decode tokens, verified drafts, outputs recomputed after a
+preemption) the float32 kernel, so how a token is computed depends on the token and its request
+alone, never on the batch. The activations and outputs of the tiles are rounded to bfloat16 and
+the weights are the quantized blocks' values rounded to bfloat16: prompt tokens' keys, values and
+first logits move by bfloat16's rounding.
 """
 
 from __future__ import annotations
