@@ -80,7 +80,8 @@ class ServeArgs(RequestLimits):
     bf16_prompt_matmuls: bool | None = Field(
         None,
         description="With quantized_weights, prompt tokens' linear layers in bfloat16 tiles on AMX (about 2x faster prefill, bfloat16's rounding "
-        "on prompt tokens, batch-invariant); default on where the CPU has AMX, false keeps every token in float32.",
+        "on prompt tokens, batch-invariant); default on where the CPU has AMX and the weights' bfloat16 copy takes at most a quarter of the "
+        "available memory, false keeps every token in float32.",
     )
     num_engines: int | None = Field(None, ge=1, description="Engine actors; default one per GPU (or per unit of engine_resource), or one CPU engine.")
     engine_routing: Literal["prefix", "least_loaded"] = Field(

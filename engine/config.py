@@ -66,7 +66,8 @@ class EngineConfig:
     them, on a CPU with AMX, prompt tokens' linear layers run in bfloat16 tiles
     (`engine.models.prompt_tiles`: twice as fast a prefill, bfloat16's rounding on prompt tokens;
     every other token stays float32, and a token's result never depends on its batch); None (the
-    default) turns them on wherever the CPU has AMX, False keeps every token in float32.
+    default) turns them on where the CPU has AMX and their bfloat16 weights take at most a quarter of
+    the host's available memory, False keeps every token in float32.
 
     On the CPU the model computes on ``cpu_threads`` torch threads (None: every core the process
     may run on; a Ray actor would otherwise get ``OMP_NUM_THREADS`` equal to its reserved CPUs).

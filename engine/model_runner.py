@@ -17,14 +17,14 @@ from engine.decode_graphs import DecodeGraphs, cuda_graph_capture
 from engine.grammar.masks import PendingMasks
 from engine.host_allocator import keep_freed_memory
 from engine.kernels import paged_attention, rms_norm, rope_cache
-from engine.kv.kv_cache import PagedKVCache, pool_num_blocks
+from engine.kv.kv_cache import PagedKVCache, host_available_bytes, pool_num_blocks
 from engine.loader.checkpoint import Checkpoint
 from engine.models.attention_metadata import build_attention_metadata
 from engine.models.cpu_decode import CpuDecode
 from engine.models.llama import LlamaForCausalLM, merge_projections, use_rms_norm_kernel
 from engine.models.packed_linear import can_pack, pack_linears
-from engine.models.prompt_tiles import cpu_has_amx
-from engine.models.quant_linear import add_prompt_tiles, can_compute_quantized, quantize_linears
+from engine.models.prompt_tiles import TILES_MEMORY_FRACTION, cpu_has_amx
+from engine.models.quant_linear import add_prompt_tiles, can_compute_quantized, prompt_tiles_bytes, quantize_linears
 from engine.outputs import TokenLogprobs
 from engine.prompt_logprobs import PromptLogprobsInFlight, PromptRows, launch_prompt_logprobs
 from engine.request import Request
@@ -101,11 +101,9 @@ class ModelRunner:
         self.quantized = config.quantized_weights and can_compute_quantized(self.device, self.dtype, checkpoint.quantized)
         if self.quantized:
             self._keep_quantized(checkpoint)
-        self.prompt_tiles = self.quantized and config.bf16_prompt_matmuls is not False and cpu_has_amx()
+        self.prompt_tiles = self._wants_prompt_tiles(config.bf16_prompt_matmuls)
         if self.prompt_tiles:
             logger.info("prompt tokens' matmuls in bfloat16 tiles on AMX: %d layers", add_prompt_tiles(self.model.layers))
-        elif config.bf16_prompt_matmuls:
-            logger.warning("bf16_prompt_matmuls needs a float32 CPU model with quantized weights and a CPU with AMX: prompt tokens stay float32")
         num_blocks = pool_num_blocks(config, checkpoint.config, self.dtype, self.device)
         self.kv_cache = PagedKVCache(checkpoint.config, num_blocks, config.block_size, self.dtype, self.device)
         self.sampling_batch = SamplingBatch(config.max_num_seqs, checkpoint.config.vocab_size, config.max_model_len, self.device, eos_token_ids=eos_token_ids)
@@ -126,6 +124,21 @@ class ModelRunner:
         self.decode_graphs = self._capture_decode_graphs(config) if config.cuda_graphs and self.device.type == "cuda" else None
         self.cpu_decode = CpuDecode.of(self.model) if self.quantized else None
         logger.info("model on %s as %s (%d torch threads)", self.device, self.dtype, torch.get_num_threads())
+
+    def _wants_prompt_tiles(self, asked: bool | None) -> bool:
+        """Whether to compute prompt tokens in bfloat16 tiles (`engine.models.prompt_tiles`): where asked, or by
+        default (None) while their weights fit in `TILES_MEMORY_FRACTION` of the host's available memory."""
+        if asked is False:
+            return False
+        if not (self.quantized and cpu_has_amx()):
+            if asked:
+                logger.warning("bf16_prompt_matmuls needs a float32 CPU model with quantized weights and a CPU with AMX: prompt tokens stay float32")
+            return False
+        size = prompt_tiles_bytes(self.model.layers)
+        if asked is None and size > TILES_MEMORY_FRACTION * host_available_bytes():
+            logger.info("prompt tokens stay float32: their bfloat16 tiles would take %d MiB of %d available", size >> 20, host_available_bytes() >> 20)
+            return False
+        return True
 
     def _keep_quantized(self, checkpoint: Checkpoint) -> None:
         """Compute the checkpoint's 4-bit and 8-bit matrices from their blocks (`engine.models.quant_linear`)."""

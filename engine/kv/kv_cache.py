@@ -69,10 +69,11 @@ def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_MEMORY_FRACTION)
-    return int(_host_available_bytes() * CPU_MEMORY_FRACTION)
+    return int(host_available_bytes() * CPU_MEMORY_FRACTION)
 
 
-def _host_available_bytes() -> int:
+def host_available_bytes() -> int:
+    """The machine's available memory (``MemAvailable`` in /proc/meminfo, else the free pages)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:

@@ -33,6 +33,8 @@ ROW_TILE = 128
 SHORT_PROMPT_ROW_TILE = 32
 """Rows of a oneDNN call for a shorter prompt: a lone chat's 10-token prompt pays for 32 rows, not 128."""
 SHORT_PROMPT_TOKENS = 64
+TILES_MEMORY_FRACTION = 0.25
+"""By default the tiles are made only while their bfloat16 weights take at most this share of the host's available memory."""
 
 
 def tile_rows_for(prompt_tokens: int) -> int:

@@ -163,6 +163,11 @@ def quantize_linears(model: nn.Module, weights: dict[str, QuantizedWeight]) -> l
     return replaced
 
 
+def prompt_tiles_bytes(model: nn.Module) -> int:
+    """What `add_prompt_tiles` would add: every `QuantLinear`'s weight in bfloat16."""
+    return sum(2 * m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear))
+
+
 def add_prompt_tiles(model: nn.Module) -> int:
     """Give every `QuantLinear` under ``model`` its weight in bfloat16 tiles (`engine.models.prompt_tiles`); returns how many."""
     linears = [module for module in model.modules() if isinstance(module, QuantLinear)]

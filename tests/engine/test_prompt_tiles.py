@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import model_runner
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kernels import quant_matmul
@@ -132,3 +133,9 @@ def test_a_requests_outputs_are_the_same_alone_and_among_others(engines):
     alone = run_together(tiled, {"target": target}, params)["target"]
     together = run_together(tiled, {**others, "target": target}, params)["target"]
     assert alone == together and len(alone[1]) == 6
+
+
+def test_by_default_the_tiles_are_made_only_where_they_fit_in_memory(smollm_checkpoint, monkeypatch):
+    monkeypatch.setattr(model_runner, "host_available_bytes", lambda: 400 << 20)  # a quarter of it is under the copy's 212 MB
+    assert not EngineCore(EngineConfig(max_num_seqs=1, max_model_len=64), smollm_checkpoint).runner.prompt_tiles
+    assert EngineCore(EngineConfig(max_num_seqs=1, max_model_len=64, bf16_prompt_matmuls=True), smollm_checkpoint).runner.prompt_tiles
