@@ -117,11 +117,13 @@ def build_attention_metadata(
 
 def _matmul_rows(chunks: list[ScheduledChunk]) -> MatmulRows | None:
     """Each flat row's tile size (`tile_rows_for` its prompt at a prompt position, else 0: float32) as
-    `MatmulRows` (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position."""
-    tiles = [tile_rows_for(c.prompt_tokens) for c in chunks]
-    return MatmulRows.of(
-        torch.tensor([tile if p < c.prompt_tokens else 0 for c, tile in zip(chunks, tiles) for p in range(c.position, c.position + c.num_tokens)])
-    )
+    `MatmulRows` (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position.
+    A chunk's prompt positions are its first rows, so a decode-only step builds nothing."""
+    num_prompt_rows = [min(max(c.prompt_tokens - c.position, 0), c.num_tokens) for c in chunks]
+    if not any(num_prompt_rows):
+        return None
+    tile_rows = [size for c, k in zip(chunks, num_prompt_rows) for size in [tile_rows_for(c.prompt_tokens)] * k + [0] * (c.num_tokens - k)]
+    return MatmulRows.of(torch.tensor(tile_rows))
 
 
 def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int, masked: bool) -> AttentionGroup:
