@@ -29,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,12 @@ CARRIED_PACKAGES = (
 DEVICE_PYTHON = "3.12"
 INTERRUPT_GRACE_S = 20
 """Seconds a step has between SIGINT and its time limit (pytest writes its failures' tracebacks then)."""
+RUN_LOGS = REPO / "bench" / "results" / "gpu_check"
+"""The committed logs of earlier GPU runs (``runN.log``, ``runN_tests.log``)."""
+CPU_ONLY_TESTS = ("tests/engine/test_gguf_loader.py", "tests/engine/test_gguf_tokenizer.py")
+"""They need the default model's GGUF, which a GPU run does not carry."""
+TEST_RESULT = re.compile(r"(tests/\S+?\.py)::\S*\s+(?:PASSED|FAILED|SKIPPED|ERROR)\b|\b(?:PASSED|FAILED|SKIPPED|ERROR)\s+(tests/\S+?\.py)::")
+"""A test's result in pytest -v output: ``path::name PASSED`` or, in an xdist worker, ``PASSED path::name``."""
 DEVICE_PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -96,24 +103,36 @@ def steps(out: Path, dry_run: bool, test_paths: list[str] | None = None) -> list
             tests("tests/sampling/test_sampling_params.py", 300),
         ]
     return [
-        bench("device_match", "bench.device_match", "--device cuda", 45),
-        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random --profile-steps 8", 95),
-        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16 --profile-steps 8", 75),
+        bench("device_match", "bench.device_match", "--device cuda", 75),
+        bench("engine", "bench.engine", "--device cuda --model smollm2-shape-random --profile-steps 8", 80),
+        bench("engine_8b", "bench.engine", "--device cuda --model llama3-8b-shape-random --dtype bfloat16 --profile-steps 8", 60),
         bench("sampler", "bench.sampler", "--device cuda --batch 1 32 128 256 --vocab 49152 128256 --budget-s 0.1 --profile-calls 5", 70),
-        bench("engine_concurrency", "bench.engine_concurrency", "--device cuda --model smollm2-shape-random", 65),
+        bench("engine_concurrency", "bench.engine_concurrency", "--device cuda --model smollm2-shape-random", 55),
         tests(
-            f"--timeout=120 {' '.join(test_paths or cuda_test_order())} --ignore=tests/engine/test_gguf_loader.py --ignore=tests/engine/test_gguf_tokenizer.py",
-            190,
+            f"--timeout=120 {' '.join(test_paths or cuda_test_order())}",
+            200,
         ),
     ]
 
 
-def cuda_test_order() -> list[str]:
-    """The CUDA tests, what has never run on a GPU first: the top-set sampler kernel's tests, then
-    tests/engine, then the rest of tests/sampling (a run stopped at its limit has done the first)."""
-    sampling = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests" / "sampling").glob("test_*.py"))
-    top_set = [path for path in sampling if "top_set" in path]
-    return [*top_set, "tests/engine", *(path for path in sampling if path not in top_set)]
+def cuda_test_order(run_logs: Path = RUN_LOGS) -> list[str]:
+    """The CUDA test files, those least recently run on a GPU first: never-run ones, then by the last
+    committed run log (``run_logs/runN*.log``, pytest -v output) that reports a result of theirs. A run
+    stops at its limit after a third of the tests, so each GPU session goes on where the last stopped."""
+    files = sorted(str(path.relative_to(REPO)) for folder in ("sampling", "engine") for path in (REPO / "tests" / folder).glob("test_*.py"))
+    last_run = last_run_of_each_test_file(run_logs)
+    return sorted((path for path in files if path not in CPU_ONLY_TESTS), key=lambda path: last_run.get(path, -1))
+
+
+def last_run_of_each_test_file(run_logs: Path) -> dict[str, int]:
+    """Test file -> the highest N of a ``runN*.log`` in which one of its tests passed, failed or skipped."""
+    last_run: dict[str, int] = {}
+    for log in run_logs.glob("run*.log"):
+        run = int(re.match(r"run(\d+)", log.name).group(1))
+        for match in TEST_RESULT.finditer(log.read_text(errors="replace")):
+            path = match.group(1) or match.group(2)
+            last_run[path] = max(run, last_run.get(path, -1))
+    return last_run
 
 
 def step_environment(site: Path | None, dry_run: bool) -> dict[str, str]:

@@ -28,8 +28,24 @@ def test_full_run_fits_one_device_call(tmp_path):
 def test_the_tests_step_runs_the_paths_asked_for(tmp_path):
     (default,) = [step for step in steps(tmp_path, dry_run=False) if step.name == "tests"]
     (chosen,) = [step for step in steps(tmp_path, dry_run=False, test_paths=["tests/engine/test_a.py"]) if step.name == "tests"]
-    assert "tests/engine" in default.command and "tests/engine" not in chosen.command
+    assert "tests/engine/test_engine_core.py" in default.command and "tests/engine/test_engine_core.py" not in chosen.command
     assert "tests/engine/test_a.py" in chosen.command
+    assert not set(gpu_check.CPU_ONLY_TESTS) & set(default.command)
+
+
+def test_the_tests_least_recently_run_on_a_gpu_come_first(tmp_path):
+    (tmp_path / "run2.log").write_text("tests/engine/test_engine_core.py::test_x PASSED [ 1%]\ntests/sampling/test_top_set.py::test_y FAILED [ 2%]\n")
+    (tmp_path / "run10_tests.log").write_text("[gw0] [ 3%] SKIPPED tests/sampling/test_top_set.py::test_z \n")
+    (tmp_path / "run9.log").write_text("tests/engine/test_batching.py::test_w ERROR\ncollected tests/engine/test_block_pool.py::\n")
+    assert gpu_check.last_run_of_each_test_file(tmp_path) == {
+        "tests/engine/test_engine_core.py": 2,
+        "tests/sampling/test_top_set.py": 10,
+        "tests/engine/test_batching.py": 9,
+    }
+    order = gpu_check.cuda_test_order(tmp_path)
+    ran = ["tests/engine/test_engine_core.py", "tests/engine/test_batching.py", "tests/sampling/test_top_set.py"]
+    assert order[-3:] == ran
+    assert "tests/engine/test_block_pool.py" in order[:-3]
 
 
 def test_a_step_at_its_limit_is_interrupted_first_so_pytest_can_report(monkeypatch):
