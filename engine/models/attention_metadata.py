@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.models.prompt_tiles import MatmulRows, tile_rows_for
+from engine.models.prompt_tiles import MatmulRows
 from sampling.device_copy import to_device
 
 SHORT_CHUNK_TOKENS = 32
@@ -43,8 +43,8 @@ class AttentionMetadata:
     CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
     rope_kernel: queries and keys are rotated and the cache written in one C++ call (float32 on the
     CPU: `engine.kernels.rope_cache`) instead of torch's operations.
-    matmul_rows: how linear layers with bfloat16 tiles compute each row (prompt positions in their
-    prompt's tiles, the others in float32: `engine.models.prompt_tiles`); None where the model has no
+    matmul_rows: how linear layers with bfloat16 tiles compute each row (prompt positions in the
+    tiles, the others in float32: `engine.models.prompt_tiles`); None where the model has no
     tiles or the step no prompt token.
     """
 
@@ -116,14 +116,14 @@ def build_attention_metadata(
 
 
 def _matmul_rows(chunks: list[ScheduledChunk]) -> MatmulRows | None:
-    """Each flat row's tile size (`tile_rows_for` its prompt at a prompt position, else 0: float32) as
+    """Whether each flat row takes the bfloat16 tiles (a prompt position) or the float32 kernel, as
     `MatmulRows` (host tensors: bfloat16 tiles are the CPU's); None if no row is a prompt position.
     A chunk's prompt positions are its first rows, so a decode-only step builds nothing."""
     num_prompt_rows = [min(max(c.prompt_tokens - c.position, 0), c.num_tokens) for c in chunks]
     if not any(num_prompt_rows):
         return None
-    tile_rows = [size for c, k in zip(chunks, num_prompt_rows) for size in [tile_rows_for(c.prompt_tokens)] * k + [0] * (c.num_tokens - k)]
-    return MatmulRows.of(torch.tensor(tile_rows))
+    takes_tiles = [tiles for c, k in zip(chunks, num_prompt_rows) for tiles in [True] * k + [False] * (c.num_tokens - k)]
+    return MatmulRows.of(torch.tensor(takes_tiles))
 
 
 def _group(chunks: list[ScheduledChunk], starts: list[int], num_tokens: int, block_size: int, masked: bool) -> AttentionGroup:

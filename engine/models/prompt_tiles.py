@@ -4,42 +4,54 @@ On a CPU with AMX tiles (Intel Sapphire Rapids and later) oneDNN multiplies bflo
 several times faster than any float32 path: four projection shapes of the default model at 512
 rows in 1.4 ms against 9.7 for the 4-bit kernel. But which kernel oneDNN runs, and so each
 output's summation order, depends on the number of rows: measured with torch 2.13 here, a row's
-outputs differ in the last bit between a call of M rows and one of M' rows, for multiples of 16,
-32 or 64 too. Called only on tiles of exactly one size (the last one padded with zeros), on a
-weight prepacked once, a row's outputs are the same whichever tile of that size it falls in, at
-whichever place, beside whatever rows (`tests/engine/test_prompt_tiles.py`). Tiles cost some of
-the speed (those shapes at 512 rows in 3.1 ms in 128-row tiles against 1.4 in one call), and a
-prompt shorter than its tile pays for the whole tile: a prompt of `SHORT_PROMPT_TOKENS` or more
-takes tiles of `ROW_TILE` rows, a shorter one tiles of `SHORT_PROMPT_ROW_TILE` (the model's
-projections at 10 rows in 0.60 ms against 0.52 for the float32 kernel and 0.95 in 128-row tiles).
+outputs differ in the last bit between a call of 32 rows and one of 128, and between 128 and 512
+for some shapes. Called only on tiles whose sizes give the same bits, on a weight prepacked once, a
+row's outputs are the same whichever tile it falls in, at whichever place, beside whatever rows
+(`tests/engine/test_prompt_tiles.py`). Which sizes those are is measured once per weight shape
+(`tile_sizes_for`: those of `TILE_SIZES` whose results on a random probe are `ROW_TILE`'s bit for
+bit; here 48 to 128 rows for every projection of the default model, and 256 for three of its four),
+since it is oneDNN's choice, not a documented property.
 
-A step's rows are split by position and prompt length (`MatmulRows`): prompt tokens take their
-prompt's tiles, everything else (decode tokens, verified drafts, outputs recomputed after a
-preemption) the float32 kernel, so how a token is computed depends on the token and its request
-alone, never on the batch. The activations and outputs of the tiles are rounded to bfloat16 and
-the weights are the quantized blocks' values rounded to bfloat16: prompt tokens' keys, values and
-first logits move by bfloat16's rounding.
+A step's prompt rows are cut into tiles of those sizes (`tile_plan`): the largest while more rows
+remain than it holds, then the smallest that holds the rest (zero rows padding it). The default
+model's four projections at 512 rows: 4.0 ms so, against 4.6 in 128-row tiles and 7.9 in 32-row
+ones; at 10 rows (a lone chat prompt) 0.68 ms in a 48-row tile against 0.61 in a 32-row one.
+
+A step's rows are split by position (`MatmulRows`): prompt tokens take the tiles, everything else
+(decode tokens, verified drafts, outputs recomputed after a preemption) the float32 kernel, so how a
+token is computed depends on the token and its request alone, never on the batch. The activations
+and outputs of the tiles are rounded to bfloat16 and the weights are the quantized blocks' values
+rounded to bfloat16: prompt tokens' keys, values and first logits move by bfloat16's rounding.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 ROW_TILE = 128
-"""Rows of a oneDNN call for a prompt of `SHORT_PROMPT_TOKENS` or more; the weight is prepacked for it."""
-SHORT_PROMPT_ROW_TILE = 32
-"""Rows of a oneDNN call for a shorter prompt: a lone chat's 10-token prompt pays for 32 rows, not 128."""
-SHORT_PROMPT_TOKENS = 64
+"""The reference tile: the weight is prepacked for it, and a weight uses another size only where it gives these bits."""
+TILE_SIZES = (48, 64, 96, ROW_TILE, 256)
+"""Tile sizes a weight may take (`PromptTiles.tile_sizes`)."""
+PROBE_ROWS = 384
+"""Rows of the random probe that checks a size's bits against `ROW_TILE`'s."""
 TILES_MEMORY_FRACTION = 0.25
 """By default the tiles are made only while their bfloat16 weights take at most this share of the host's available memory."""
 
 
-def tile_rows_for(prompt_tokens: int) -> int:
-    """The tile size of a prompt of ``prompt_tokens`` tokens: a property of the request alone, so a row's bits are too."""
-    return SHORT_PROMPT_ROW_TILE if prompt_tokens < SHORT_PROMPT_TOKENS else ROW_TILE
+def tile_plan(num_rows: int, sizes: tuple[int, ...]) -> list[int]:
+    """The sizes of consecutive tiles that cover ``num_rows`` rows (``sizes`` ascending): the largest
+    while more rows remain than it holds, then the smallest that holds the rest."""
+    plan, remaining = [], num_rows
+    while remaining > sizes[-1]:
+        plan.append(sizes[-1])
+        remaining -= sizes[-1]
+    if remaining:
+        plan.append(next(size for size in sizes if size >= remaining))
+    return plan
 
 
 def cpu_has_amx() -> bool:
@@ -53,13 +65,13 @@ def cpu_has_amx() -> bool:
 
 @dataclass(frozen=True)
 class RowGroup:
-    """Rows of a step's flat batch computed alike: in bfloat16 tiles of ``tile_rows`` rows, or (0) by the float32 kernel.
+    """Rows of a step's flat batch computed alike: in bfloat16 tiles (``tiles``) or by the float32 kernel.
 
     rows: a slice where they are one run (a step's decode tokens come first, its prompt chunks after
     them: a view instead of a gather, 4-5x cheaper at 500 rows), else [R] int64 row indices.
     """
 
-    tile_rows: int
+    tiles: bool
     rows: slice | torch.Tensor
 
 
@@ -70,36 +82,55 @@ class MatmulRows:
     groups: tuple[RowGroup, ...]
 
     @staticmethod
-    def of(tile_rows: torch.Tensor) -> MatmulRows | None:
-        """From tile_rows: [T] int64 (host), each row's tile size (0: float32); None if no row takes tiles."""
-        if not tile_rows.any():
+    def of(takes_tiles: torch.Tensor) -> MatmulRows | None:
+        """From takes_tiles: [T] bool (host), whether each row takes the tiles; None if no row does."""
+        if not takes_tiles.any():
             return None
         groups = []
-        for size in tile_rows.unique().tolist():
-            indices = (tile_rows == size).nonzero().flatten()
-            first, end = int(indices[0]), int(indices[-1]) + 1
-            groups.append(RowGroup(size, slice(first, end) if end - first == len(indices) else indices))
+        for tiles in (False, True):
+            indices = (takes_tiles == tiles).nonzero().flatten()
+            if len(indices):
+                first, end = int(indices[0]), int(indices[-1]) + 1
+                groups.append(RowGroup(tiles, slice(first, end) if end - first == len(indices) else indices))
         return MatmulRows(tuple(groups))
 
 
 class PromptTiles:
-    """``x @ W.T`` in bfloat16 tiles of `ROW_TILE` rows, W prepacked once (see the module)."""
+    """``x @ W.T`` in bfloat16 tiles, W prepacked once, of the sizes that give `ROW_TILE`'s bits (see the module)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        """weight: [N, K] float32."""
+    def __init__(self, weight: torch.Tensor, tile_sizes: tuple[int, ...] | None = None) -> None:
+        """weight: [N, K] float32; tile_sizes: ascending (default `tile_sizes_for` its shape)."""
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), ROW_TILE)
+        self.tile_sizes = tile_sizes or tile_sizes_for(self.out_features, self.in_features)
 
-    def matmul(self, x: torch.Tensor, tile_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16, ``tile_rows`` rows a call), written into ``out``
-        if given (a view of a larger result)."""
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, K] float32 -> [T, N] float32 (computed in bfloat16 tiles: `tile_plan`), written into
+        ``out`` if given (a view of a larger result)."""
+        return self.in_tiles(x, tile_plan(x.shape[0], self.tile_sizes), out)
+
+    def in_tiles(self, x: torch.Tensor, plan: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T, one oneDNN call per tile of ``plan`` (sizes covering x's rows; the last padded with zeros)."""
         num_rows = x.shape[0]
-        padded_rows = -(-num_rows // tile_rows) * tile_rows
-        tiles_in = x.new_empty(padded_rows, self.in_features, dtype=torch.bfloat16)
+        tiles_in = x.new_empty(sum(plan), self.in_features, dtype=torch.bfloat16)
         tiles_in[:num_rows] = x
         tiles_in[num_rows:] = 0
         out = x.new_empty(num_rows, self.out_features) if out is None else out
-        for start in range(0, num_rows, tile_rows):
-            tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + tile_rows], self.packed, None, "none", [], "")
-            out[start : start + tile_rows] = tile_out[: num_rows - start]
+        start = 0
+        for size in plan:
+            tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + size], self.packed, None, "none", [], "")
+            out[start : start + size] = tile_out[: num_rows - start]
+            start += size
         return out
+
+
+@functools.cache
+def tile_sizes_for(out_features: int, in_features: int) -> tuple[int, ...]:
+    """Those of `TILE_SIZES` whose tiles give a [out_features, in_features] weight's outputs bit for bit
+    as `ROW_TILE`'s do. oneDNN picks its kernel by the shapes, not the values, so one random weight and
+    probe of each shape tell (0.2 s for the default model's four shapes)."""
+    generator = torch.Generator().manual_seed(0)
+    probe_tiles = PromptTiles(torch.randn(out_features, in_features, generator=generator), tile_sizes=(ROW_TILE,))
+    probe = torch.randn(PROBE_ROWS, in_features, generator=generator)
+    reference = probe_tiles.in_tiles(probe, [ROW_TILE] * -(-PROBE_ROWS // ROW_TILE))
+    return tuple(size for size in TILE_SIZES if torch.equal(probe_tiles.in_tiles(probe, [size] * -(-PROBE_ROWS // size)), reference))

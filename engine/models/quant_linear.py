@@ -101,22 +101,22 @@ class QuantLinear(nn.Module):
         if rows is None or self.prompt_tiles is None:
             out = self.weight_blocks.matmul(x)
         elif len(rows.groups) == 1:  # every row alike: no split
-            out = self._matmul(x, rows.groups[0].tile_rows)
+            out = self._matmul(x, rows.groups[0].tiles)
         else:
             out = x.new_empty(x.shape[0], self.out_features)
             for group in rows.groups:
-                if group.tile_rows and isinstance(group.rows, slice):
-                    self._matmul(x[group.rows], group.tile_rows, out=out[group.rows])
+                if group.tiles and isinstance(group.rows, slice):
+                    self._matmul(x[group.rows], group.tiles, out=out[group.rows])
                 else:
-                    out[group.rows] = self._matmul(x[group.rows], group.tile_rows)
+                    out[group.rows] = self._matmul(x[group.rows], group.tiles)
         return out if self.bias is None else out + self.bias
 
-    def _matmul(self, x: torch.Tensor, tile_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W.T in bfloat16 tiles of ``tile_rows`` rows, or (0) by the float32 kernel."""
-        if tile_rows == 0:
+    def _matmul(self, x: torch.Tensor, tiles: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T in bfloat16 tiles (``tiles``), or by the float32 kernel."""
+        if not tiles:
             return self.weight_blocks.matmul(x)
         assert self.prompt_tiles is not None
-        return self.prompt_tiles.matmul(x, tile_rows, out)
+        return self.prompt_tiles.matmul(x, out)
 
 
 class MergedQuantLinear(QuantLinear):

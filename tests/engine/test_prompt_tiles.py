@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kernels import quant_matmul
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
-from engine.models.prompt_tiles import ROW_TILE, SHORT_PROMPT_ROW_TILE, SHORT_PROMPT_TOKENS, MatmulRows, PromptTiles, RowGroup, cpu_has_amx
+from engine.models.prompt_tiles import ROW_TILE, TILE_SIZES, MatmulRows, PromptTiles, RowGroup, cpu_has_amx, tile_plan, tile_sizes_for
 from engine.models.quant_linear import QuantLinear
 from sampling.params import SamplingParams
 from tests.engine.test_quant_linear import README_PROMPTS, random_weight, readme_greedy_ids, readme_logits
@@ -34,60 +34,87 @@ def tiles() -> PromptTiles:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from([ROW_TILE, SHORT_PROMPT_ROW_TILE]), st.integers(1, 3 * ROW_TILE), st.integers(0, 99))
-def test_a_row_is_the_same_in_any_tile_at_any_place(tiles, tile_rows, num_rows, offset):
+@given(st.integers(1, 3 * ROW_TILE), st.integers(0, 99))
+def test_a_row_is_the_same_in_any_tile_at_any_place(tiles, num_rows, offset):
     x = torch.randn(3 * ROW_TILE + 100, 576, generator=torch.Generator().manual_seed(1))
-    everything = tiles.matmul(x, tile_rows)
-    assert torch.equal(tiles.matmul(x[offset : offset + num_rows], tile_rows), everything[offset : offset + num_rows])
+    everything = tiles.matmul(x)
+    assert torch.equal(tiles.matmul(x[offset : offset + num_rows]), everything[offset : offset + num_rows])
+
+
+@pytest.mark.parametrize("shape", [(192, 576), (960, 576), (576, 1536), (3072, 576)])
+def test_a_weight_takes_only_the_sizes_that_give_the_reference_bits(shape):
+    tiles = PromptTiles(torch.randn(*shape, generator=torch.Generator().manual_seed(5)))
+    assert ROW_TILE in tiles.tile_sizes and set(tiles.tile_sizes) <= set(TILE_SIZES)
+    x = torch.randn(2 * TILE_SIZES[-1], shape[1], generator=torch.Generator().manual_seed(6))  # not the probe
+    reference = tiles.in_tiles(x, [ROW_TILE] * (len(x) // ROW_TILE))
+    for size in tiles.tile_sizes:
+        assert torch.equal(tiles.in_tiles(x, [size] * -(-len(x) // size)), reference), size
+    assert tiles.tile_sizes[0] < ROW_TILE  # here oneDNN gives 48-128 rows the same bits: a short prompt pays for fewer rows
+
+
+def test_a_size_that_changes_the_bits_is_not_taken(monkeypatch):
+    call = torch.ops.mkldnn._linear_pointwise
+
+    def off_by_one_ulp_at_64_rows(x, *args):
+        out = call(x, *args)
+        return out.nextafter(torch.full_like(out, float("inf"))) if x.shape[0] == 64 else out
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", off_by_one_ulp_at_64_rows)
+    assert 64 not in tile_sizes_for.__wrapped__(192, 576) and 48 in tile_sizes_for.__wrapped__(192, 576)
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "plan"),
+    [(1, [48]), (48, [48]), (49, [64]), (100, [128]), (200, [256]), (257, [256, 48]), (600, [256, 256, 96])],
+)
+def test_the_plan_takes_the_largest_tiles_then_the_smallest_that_holds_the_rest(num_rows, plan):
+    assert tile_plan(num_rows, TILE_SIZES) == plan
+    assert tile_plan(num_rows, (ROW_TILE,)) == [ROW_TILE] * -(-num_rows // ROW_TILE)
 
 
 def test_within_bfloat16_rounding_of_the_float32_product():
     weight = torch.randn(576, 1536, generator=torch.Generator().manual_seed(2))
     x = torch.randn(200, 1536, generator=torch.Generator().manual_seed(3))
     expected = F.linear(x, weight)
-    torch.testing.assert_close(PromptTiles(weight).matmul(x, ROW_TILE), expected, rtol=0, atol=0.02 * expected.abs().max().item())
+    torch.testing.assert_close(PromptTiles(weight).matmul(x), expected, rtol=0, atol=0.02 * expected.abs().max().item())
 
 
-S, L = SHORT_PROMPT_ROW_TILE, ROW_TILE
+T, F32 = True, False
 
 
 @pytest.mark.parametrize(
-    "tile_rows",
+    "takes_tiles",
     [
-        [0] * 3 + [L] * 4 + [0] * 5 + [L] * 2 + [0] * 6,
-        [0] * 5 + [L] * 15,
-        [L] * 12 + [0] * 8,
-        [L] * 20,
-        [0] * 4 + [S] * 6 + [L] * 10,
-        [0] * 4 + [S] * 6 + [0] * 4 + [L] * 6,
-        [S] * 8 + [L] * 4 + [S] * 8,
+        [F32] * 3 + [T] * 4 + [F32] * 5 + [T] * 2 + [F32] * 6,
+        [F32] * 5 + [T] * 15,
+        [T] * 12 + [F32] * 8,
+        [T] * 20,
+        [F32] * 4 + [T] * 6 + [F32] * 4 + [T] * 6,
     ],
-    ids=["scattered", "after-decodes", "before-outputs", "all", "short-then-long", "between", "long-between-short"],
+    ids=["scattered", "after-decodes", "before-outputs", "all", "between"],
 )
-def test_each_row_takes_its_own_tiles_or_the_kernels_bits(tile_rows):
+def test_each_row_takes_the_tiles_or_the_kernels_bits(takes_tiles):
     weight = random_weight("q4_1", 192, 576)
     linear = QuantLinear(weight, bias=None)
     linear.prompt_tiles = PromptTiles(weight.dequantize())
     x = torch.randn(20, 576, generator=torch.Generator().manual_seed(4))
-    sizes = torch.tensor(tile_rows)
-    out = linear(x, MatmulRows.of(sizes))
-    assert torch.equal(out[sizes == 0], weight.matmul(x[sizes == 0]))
-    for size in (S, L):
-        assert torch.equal(out[sizes == size], linear.prompt_tiles.matmul(x[sizes == size], size))
+    tiled = torch.tensor(takes_tiles)
+    out = linear(x, MatmulRows.of(tiled))
+    assert torch.equal(out[~tiled], weight.matmul(x[~tiled]))
+    assert torch.equal(out[tiled], linear.prompt_tiles.matmul(x[tiled]))
     assert torch.equal(linear(x), weight.matmul(x))
-    assert MatmulRows.of(torch.zeros(20, dtype=torch.int64)) is None
+    assert MatmulRows.of(torch.zeros(20, dtype=torch.bool)) is None
 
 
-def test_matmul_rows_are_the_prompt_positions_of_each_chunk_in_its_prompts_tiles():
-    long = SHORT_PROMPT_TOKENS
+def test_matmul_rows_are_the_prompt_positions_of_each_chunk():
     prefill = ScheduledChunk((0,), position=0, num_tokens=5, prompt_tokens=5)
     decode = ScheduledChunk((1,), position=9, num_tokens=1, prompt_tokens=7)
-    recomputed = ScheduledChunk((2, 3, 4, 5, 6), position=long - 3, num_tokens=6, prompt_tokens=long)  # 3 prompt positions, 3 outputs
+    recomputed = ScheduledChunk((2, 3, 4, 5, 6), position=61, num_tokens=6, prompt_tokens=64)  # 3 prompt positions, 3 outputs
     rows = build_attention_metadata([decode, prefill, recomputed], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert rows.groups[0].tile_rows == 0 and rows.groups[0].rows.tolist() == [0, 9, 10, 11]
-    assert rows.groups[1:] == (RowGroup(S, slice(1, 6)), RowGroup(L, slice(6, 9)))
+    assert rows.groups[0] == RowGroup(F32, rows.groups[0].rows) and rows.groups[0].rows.tolist() == [0, 9, 10, 11]
+    assert rows.groups[1:] == (RowGroup(T, slice(1, 9)),)
     rows = build_attention_metadata([decode, decode, prefill], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows
-    assert rows.groups == (RowGroup(0, slice(0, 2)), RowGroup(S, slice(2, 7)))
+    assert rows.groups == (RowGroup(F32, slice(0, 2)), RowGroup(T, slice(2, 7)))
     assert build_attention_metadata([decode], 16, torch.device("cpu"), prompt_tiles=True).matmul_rows is None
     assert build_attention_metadata([prefill], 16, torch.device("cpu")).matmul_rows is None
 
