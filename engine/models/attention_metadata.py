@@ -39,10 +39,10 @@ class AttentionGroup:
 class AttentionMetadata:
     """blocks, offsets, positions: [T] int64, the cache block, the offset in it and the position of each flat token.
 
-    decode_kernel: decode groups (one query per sequence) run a paged-attention kernel (Triton on
-    CUDA, C++ on the CPU: `engine.models.llama.decode_attention`) instead of gathering their blocks for SDPA.
-    rope_kernel: queries and keys are rotated and the cache written in one C++ call (float32 on the
-    CPU: `engine.kernels.rope_cache`) instead of torch's operations.
+    decode_kernel: decode groups (one query per sequence) run the device's paged-attention kernel
+    (`engine.models.fused_kernels`: Triton's on CUDA, C++ on the CPU) instead of gathering their blocks for SDPA.
+    rope_kernel: queries and keys are rotated and the cache written in one call of the device's
+    kernel (`engine.models.fused_kernels`; float32 on the CPU) instead of torch's operations.
     matmul_rows: how linear layers with bfloat16 tiles compute each row (prompt positions in the
     tiles, the others in float32: `engine.models.prompt_tiles`); None where the model has no
     tiles or the step no prompt token.

@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import paged_attention, rms_norm, rope_cache
+from engine.kernels import rms_norm
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
+from engine.models.fused_kernels import for_device_type
 from engine.models.merged_linear import MergedLinear
 from engine.models.prompt_tiles import MatmulRows
 from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, QuantLinear, merged
@@ -37,12 +38,10 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, delta: [T, hidden] -> (x + delta, this norm of it): in one Triton kernel on CUDA
-        (`engine.models.rms_norm_triton`), else the add and then `forward`."""
-        if x.device.type == "cuda":
-            from engine.models.rms_norm_triton import add_rms_norm  # Triton only where it runs
-
-            return add_rms_norm(x, delta, self.weight, self.eps)
+        """x, delta: [T, hidden] -> (x + delta, this norm of it): in one kernel where the device has
+        one (`engine.models.fused_kernels`: Triton's on CUDA), else the add and then `forward`."""
+        if fused := for_device_type(x.device.type).add_rms_norm:
+            return fused(x, delta, self.weight, self.eps)
         total = x + delta
         return total, self(total)
 
@@ -134,31 +133,13 @@ def rotate_and_write_cache(
     the caches at ``meta``'s slots: in one kernel call where ``meta.rope_kernel`` says so (the same
     bits), else by torch's operations."""
     if meta.rope_kernel:  # q, k and v may be column views of one merged projection: the kernels take their row strides
-        fused_rope_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
+        fused = for_device_type(q.device.type).rope_and_write_cache
+        fused(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
         return q
     q, k = rope(q, k, meta.positions)
     key_cache[meta.blocks, meta.offsets] = k
     value_cache[meta.blocks, meta.offsets] = v
     return q
-
-
-def fused_rope_and_write_cache(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
-) -> None:
-    """`rotate_and_write_cache` in one call: the C++ kernel on the CPU (float32; `engine.kernels.rope_cache`), the Triton kernel on CUDA."""
-    if q.device.type == "cpu":
-        rope_cache.rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
-    else:
-        triton_rope_and_write_cache(q, k, v, rope, meta, key_cache, value_cache)
-
-
-def triton_rope_and_write_cache(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata, key_cache: torch.Tensor, value_cache: torch.Tensor
-) -> None:
-    """`fused_rope_and_write_cache` by the Triton kernel."""
-    from engine.models.rope_cache_triton import rope_and_write_cache  # Triton only where it runs
-
-    rope_and_write_cache(q, k, v, rope.cos, rope.sin, meta.positions, meta.blocks, meta.offsets, key_cache, value_cache)
 
 
 def gather_attention(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
@@ -169,18 +150,9 @@ def gather_attention(queries: torch.Tensor, key_cache: torch.Tensor, value_cache
 
 
 def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D]: the C++ kernel on the CPU
-    (float32; `engine.kernels.paged_attention`), the Triton kernel on CUDA."""
-    if q.device.type == "cpu":
-        return paged_attention.paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
-    return triton_decode_attention(q, key_cache, value_cache, group)
-
-
-def triton_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D], by the Triton kernel."""
-    from engine.models.paged_attention_triton import paged_decode_attention  # Triton only where it runs
-
-    return paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
+    """q: [B, H, D], one query per sequence of a decode group -> [B, H, D], by the device's
+    paged-attention kernel (`engine.models.fused_kernels`: C++ in float32 on the CPU, Triton on CUDA)."""
+    return for_device_type(q.device.type).paged_decode_attention(q, key_cache, value_cache, group.block_tables, group.seq_lens)
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -217,10 +189,8 @@ def linear(module: nn.Module, x: torch.Tensor, rows: MatmulRows | None) -> torch
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate, up: [T, I] -> silu(gate) * up: in one Triton kernel on CUDA (`engine.models.activation_triton`), else torch's two."""
-    if gate.device.type == "cuda":
-        from engine.models.activation_triton import silu_mul as fused  # Triton only where it runs
-
+    """gate, up: [T, I] -> silu(gate) * up: in one kernel where the device has one (`engine.models.fused_kernels`: Triton's on CUDA), else torch's two."""
+    if fused := for_device_type(gate.device.type).silu_mul:
         return fused(gate, up)
     return F.silu(gate) * up
 

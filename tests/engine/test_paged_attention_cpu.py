@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.kernels import paged_attention
+from engine.models import fused_kernels, llama
 from tests.engine.mixed_workload import run_mixed
 from tests.engine.test_paged_attention_triton import torch_decode_attention
 from tests.engine.test_paged_kv import PRE_PAGING_TOKENS
@@ -101,7 +104,9 @@ def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, mon
         calls.append(q.shape[0])
         return kernel(q, *args)
 
-    monkeypatch.setattr(paged_attention, "paged_decode_attention", counted_kernel)
+    monkeypatch.setattr(paged_attention, "paged_decode_attention", counted_kernel)  # the decode steps' (`CpuDecode`)
+    cpu_kernels = dataclasses.replace(fused_kernels.for_device_type("cpu"), paged_decode_attention=counted_kernel)
+    monkeypatch.setattr(llama, "for_device_type", lambda device_type: cpu_kernels)  # the mixed steps' (the layers')
     engine, outputs = run_mixed(tiny_checkpoint)
     assert engine.runner.paged_decode_kernel
     assert outputs == PRE_PAGING_TOKENS

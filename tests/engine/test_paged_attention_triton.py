@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,7 +71,7 @@ def test_a_small_batch_splits_its_positions_to_fill_the_device(batch, num_kv_hea
 
 def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, monkeypatch):
     from engine.model_runner import ModelRunner
-    from engine.models import llama, paged_attention_triton
+    from engine.models import fused_kernels, llama, paged_attention_triton
 
     init, kernel = ModelRunner.__init__, paged_attention_triton.paged_decode_attention
     calls = []
@@ -83,8 +85,8 @@ def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, mon
         return kernel(q, *args)
 
     monkeypatch.setattr(ModelRunner, "__init__", with_kernel)
-    monkeypatch.setattr(llama, "decode_attention", llama.triton_decode_attention)  # the Triton kernel on the CPU too
-    monkeypatch.setattr(paged_attention_triton, "paged_decode_attention", counted_kernel)
+    cpu_with_triton_attention = dataclasses.replace(fused_kernels.for_device_type("cpu"), paged_decode_attention=counted_kernel)
+    monkeypatch.setattr(llama, "for_device_type", lambda device_type: cpu_with_triton_attention)  # the Triton kernel on the CPU too
     _, outputs = run_mixed(tiny_checkpoint)
     assert outputs == PRE_PAGING_TOKENS
     assert max(calls) > 1  # decode groups of several sequences ran in the kernel

@@ -3,6 +3,8 @@ cache writes, bit for bit, and the engine's tokens with it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +40,7 @@ def test_kernel_is_torch_bit_for_bit(heads, head_dim, block_size, num_tokens, sc
 
 def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, monkeypatch):
     from engine.model_runner import ModelRunner
-    from engine.models import llama, rope_cache_triton
+    from engine.models import fused_kernels, llama, rope_cache_triton
 
     init, kernel = ModelRunner.__init__, rope_cache_triton.rope_and_write_cache
     calls = []
@@ -52,8 +54,8 @@ def test_engine_with_the_kernel_gives_the_pre_paging_tokens(tiny_checkpoint, mon
         return kernel(q, *args)
 
     monkeypatch.setattr(ModelRunner, "__init__", with_kernel)
-    monkeypatch.setattr(llama, "fused_rope_and_write_cache", llama.triton_rope_and_write_cache)  # the Triton kernel on the CPU too
-    monkeypatch.setattr(rope_cache_triton, "rope_and_write_cache", counted_kernel)
+    cpu_with_triton_rope = dataclasses.replace(fused_kernels.for_device_type("cpu"), rope_and_write_cache=counted_kernel)
+    monkeypatch.setattr(llama, "for_device_type", lambda device_type: cpu_with_triton_rope)  # the Triton kernel on the CPU too
     _, outputs = run_mixed(tiny_checkpoint)
     assert outputs == PRE_PAGING_TOKENS
     assert max(calls) > 1  # steps of several tokens ran in the kernel
