@@ -65,19 +65,19 @@ class QuantizedWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K] float32 -> x @ W.T [T, N] float32."""
         kernel = quant_matmul.load()
-        x = x.contiguous()
-        if self.mins is None:
-            return kernel.q8_matmul(x, self.q, self.scales)
-        return kernel.q4_matmul(x, self.q, self.scales, self.mins)
+        return self._on_blocks(kernel.q8_matmul, kernel.q4_matmul, x)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K] float32 -> [T] int64, ``self.matmul(x).max(-1).indices`` (the first maximum) in one
         kernel call that never writes the [T, N] result (an output head's logits: N is the vocabulary)."""
         kernel = quant_matmul.load()
-        x = x.contiguous()
+        return self._on_blocks(kernel.q8_argmax, kernel.q4_argmax, x)
+
+    def _on_blocks(self, q8_operation, q4_operation, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - the kernel's functions
+        """The 8-bit kernel function (x, q, scales) or the 4-bit one (x, q, scales, mins), whichever format this weight has, on x made contiguous."""
         if self.mins is None:
-            return kernel.q8_argmax(x, self.q, self.scales)
-        return kernel.q4_argmax(x, self.q, self.scales, self.mins)
+            return q8_operation(x.contiguous(), self.q, self.scales)
+        return q4_operation(x.contiguous(), self.q, self.scales, self.mins)
 
 
 def can_compute_quantized(device: torch.device, dtype: torch.dtype, weights: dict[str, QuantizedWeight]) -> bool:
