@@ -128,7 +128,7 @@ class PromptTiles:
 def tile_sizes_for(out_features: int, in_features: int) -> tuple[int, ...]:
     """Those of `TILE_SIZES` whose tiles give a [out_features, in_features] weight's outputs bit for bit
     as `ROW_TILE`'s do. oneDNN picks its kernel by the shapes, not the values, so one random weight and
-    probe of each shape tell (0.2 s for the default model's four shapes)."""
+    probe of each shape tell (0.11 s for the default model's four shapes, measured here)."""
     generator = torch.Generator().manual_seed(0)
     probe_tiles = PromptTiles(torch.randn(out_features, in_features, generator=generator), tile_sizes=(ROW_TILE,))
     probe = torch.randn(PROBE_ROWS, in_features, generator=generator)
