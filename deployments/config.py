@@ -36,7 +36,7 @@ class ServeArgs(RequestLimits):
     max_num_seqs: int = Field(256, ge=1, description="Sequences an engine runs at once; the KV cache's size bounds them too.")
     max_model_len: int = Field(2048, ge=2, description="Context positions per sequence (at most the KV cache's).")
     max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="Tokens per engine step: decode tokens and prefill chunks; default 512 on CPU, 8192 on CUDA."
+        None, ge=1, description="Tokens per engine step: decode tokens and prefill chunks; default 512 on CPU (1024 with bf16_prompt_matmuls), 8192 on CUDA."
     )
     kv_cache_memory: int | None = Field(
         None,

@@ -12,10 +12,23 @@ from sampling.params import MAX_NGRAM_SIZE, MAX_SPECULATIVE_TOKENS
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BATCHED_TOKENS_BY_DEVICE = {"cpu": 512, "cuda": 8192}
 """``max_num_batched_tokens`` where the config leaves it None, by device type (others take the CPU's).
-On the CPU a step of 512 prompt tokens takes about half a second, so one long prompt holds every
-running stream up for no longer than that; a GPU prefills 8,192 tokens of the default model in a few
-milliseconds, and with 512 a burst of prompts waited through dozens of eager mixed steps (256
-prompts of 128 tokens: TTFT p50 1.4 s on an H200)."""
+On the CPU a step of 512 prompt tokens takes about half a second in float32 (550 ms for the default
+model), so one long prompt holds every running stream up for no longer than that; a GPU prefills
+8,192 tokens of the default model in a few milliseconds, and with 512 a burst of prompts waited
+through dozens of eager mixed steps (256 prompts of 128 tokens: TTFT p50 1.4 s on an H200)."""
+BATCHED_TOKENS_WITH_PROMPT_TILES = 1024
+"""The CPU's default where prompt tokens take bfloat16 tiles (`engine.models.prompt_tiles`): a step of
+1,024 prompt tokens then takes 461 ms, no longer than 512 in float32, and a burst of prompts is
+prefilled in half as many steps, each decoding request's row paid once a step instead of twice
+(64 prompts of 128 tokens at once: TTFT p50 2.14 against 2.36 s in-process)."""
+
+
+def default_batched_tokens(device_type: str, prompt_tiles: bool) -> int:
+    """``max_num_batched_tokens`` where the config leaves it None: `BATCHED_TOKENS_BY_DEVICE`, or on the
+    CPU with prompt tiles `BATCHED_TOKENS_WITH_PROMPT_TILES`."""
+    if device_type != "cuda" and prompt_tiles:
+        return BATCHED_TOKENS_WITH_PROMPT_TILES
+    return BATCHED_TOKENS_BY_DEVICE.get(device_type, BATCHED_TOKENS_BY_DEVICE["cpu"])
 
 
 @dataclass(frozen=True)
@@ -47,7 +60,7 @@ class EngineConfig:
     more than ``max_num_seqs`` full-length sequences need), so the tokens that fit in the
     pool bound concurrency. Full blocks are kept for reuse by later prompts that start with
     the same tokens unless ``enable_prefix_caching`` is off. A step schedules at most
-    ``max_num_batched_tokens`` tokens (decodes first, then prefill chunks; None: `BATCHED_TOKENS_BY_DEVICE`).
+    ``max_num_batched_tokens`` tokens (decodes first, then prefill chunks; None: `default_batched_tokens`).
     ``dtype``/``device`` None pick float32 on CPU, bfloat16 on CUDA.
     ``async_scheduling`` None turns it on for CUDA: step N+1 is launched before step
     N's sampled ids reach the host (see `EngineCore.step`). ``cuda_graphs``: on CUDA, decode

@@ -9,7 +9,7 @@ import torch
 
 from engine.beam.groups import BeamGroups
 from engine.beam.params import check_beam_params
-from engine.config import BATCHED_TOKENS_BY_DEVICE, EngineConfig
+from engine.config import EngineConfig, default_batched_tokens
 from engine.fair_share import SchedulingPolicy
 from engine.grammar.masks import advance
 from engine.grammar.requests import ConstrainedRequests
@@ -69,7 +69,7 @@ class EngineCore:
         self.max_model_len = min(self.config.max_model_len, checkpoint.config.max_position_embeddings, num_blocks * self.config.block_size)
         blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         config = self.config
-        self.max_num_batched_tokens = config.max_num_batched_tokens or BATCHED_TOKENS_BY_DEVICE.get(self.runner.device.type, BATCHED_TOKENS_BY_DEVICE["cpu"])
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_batched_tokens(self.runner.device.type, self.runner.prompt_tiles)
         self.prompt_logprobs = PromptLogprobsRequests()
         self.scheduler = Scheduler(
             config.max_num_seqs,

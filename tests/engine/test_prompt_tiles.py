@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import model_runner
-from engine.config import EngineConfig
+from engine.config import BATCHED_TOKENS_BY_DEVICE, BATCHED_TOKENS_WITH_PROMPT_TILES, EngineConfig
 from engine.core import EngineCore
 from engine.kernels import quant_matmul
 from engine.models.attention_metadata import ScheduledChunk, build_attention_metadata
@@ -125,6 +125,12 @@ def engines(smollm_checkpoint) -> tuple[EngineCore, EngineCore]:
     plain = EngineCore(EngineConfig(max_num_seqs=8, max_model_len=256, bf16_prompt_matmuls=False), smollm_checkpoint)
     assert tiled.runner.prompt_tiles and not plain.runner.prompt_tiles
     return tiled, plain
+
+
+def test_with_the_tiles_the_cpus_step_budget_doubles(engines):
+    tiled, plain = engines
+    assert tiled.scheduler.max_num_batched_tokens == BATCHED_TOKENS_WITH_PROMPT_TILES == 2 * BATCHED_TOKENS_BY_DEVICE["cpu"]
+    assert plain.scheduler.max_num_batched_tokens == BATCHED_TOKENS_BY_DEVICE["cpu"]
 
 
 @pytest.mark.parametrize("prompt", README_PROMPTS)
