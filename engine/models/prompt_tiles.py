@@ -112,9 +112,8 @@ class PromptTiles:
     def in_tiles(self, x: torch.Tensor, plan: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T, one oneDNN call per tile of ``plan`` (sizes covering x's rows; the last padded with zeros)."""
         num_rows = x.shape[0]
-        tiles_in = x.new_empty(sum(plan), self.in_features, dtype=torch.bfloat16)
-        tiles_in[:num_rows] = x
-        tiles_in[num_rows:] = 0
+        tiles_in = x.new_zeros(sum(plan), self.in_features, dtype=torch.bfloat16)
+        tiles_in[:num_rows].copy_(x)
         out = x.new_empty(num_rows, self.out_features) if out is None else out
         start = 0
         for size in plan:
