@@ -25,9 +25,9 @@ prefilled in half as many steps, each decoding request's row paid once a step in
 
 
 def default_batched_tokens(device_type: str, prompt_tiles: bool) -> int:
-    """``max_num_batched_tokens`` where the config leaves it None: `BATCHED_TOKENS_BY_DEVICE`, or on the
-    CPU with prompt tiles `BATCHED_TOKENS_WITH_PROMPT_TILES`."""
-    if device_type != "cuda" and prompt_tiles:
+    """``max_num_batched_tokens`` where the config leaves it None: `BATCHED_TOKENS_BY_DEVICE`, or with
+    prompt tiles (the CPU's only) `BATCHED_TOKENS_WITH_PROMPT_TILES`."""
+    if prompt_tiles:
         return BATCHED_TOKENS_WITH_PROMPT_TILES
     return BATCHED_TOKENS_BY_DEVICE.get(device_type, BATCHED_TOKENS_BY_DEVICE["cpu"])
 

@@ -134,10 +134,11 @@ class ModelRunner:
             if asked:
                 logger.warning("bf16_prompt_matmuls needs a float32 CPU model with quantized weights and a CPU with AMX: prompt tokens stay float32")
             return False
-        size = prompt_tiles_bytes(self.model.layers)
-        if asked is None and size > TILES_MEMORY_FRACTION * host_available_bytes():
-            logger.info("prompt tokens stay float32: their bfloat16 tiles would take %d MiB of %d available", size >> 20, host_available_bytes() >> 20)
-            return False
+        if asked is None:
+            size, available = prompt_tiles_bytes(self.model.layers), host_available_bytes()
+            if size > TILES_MEMORY_FRACTION * available:
+                logger.info("prompt tokens stay float32: their bfloat16 tiles would take %d MiB of %d available", size >> 20, available >> 20)
+                return False
         return True
 
     def _keep_quantized(self, checkpoint: Checkpoint) -> None:
