@@ -8,9 +8,10 @@
   ``StreamingResponse``; its CPU per frame, read from /proc. The reference.
 - ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
 - ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
-  Ray: `OutputRouter._route` on one step's `EngineOutput`s (inline detok, stop and
-  delivery), then each stream's `EngineClient.stream` through `EventStream` to a send
-  that does nothing; CPU per token of this process.
+  Ray: each step's `EngineOutput`s polled over a real output channel on loopback (both of its
+  ends in this process), `OutputRouter._route` on them (inline detok, stop and delivery),
+  then each stream's `EngineClient.stream` through `EventStream` to a send that does
+  nothing; CPU per token of this process.
 
 What the ingress costs above the sum (``bench.serve_load``'s ``cpu_us_ingress``, one
 frame per token) is Serve's and Ray's: per-request handling, the ASGI wrappers around
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import multiprocessing
 import time
+from collections.abc import Awaitable
 
 import uvicorn
 from starlette.responses import StreamingResponse
@@ -38,6 +40,7 @@ from deployments.metrics import IngressMetrics
 from deployments.openai.event_stream import EventStream
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, sse
+from deployments.output_channel import ChannelAddress, ChannelServer
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
@@ -130,15 +133,20 @@ def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
 
 
 class _ScriptedEngine:
-    """An engine handle whose long poll returns one prepared step per call, once the streams
-    have written the previous step's frames; then it never returns."""
+    """An engine handle whose long poll (over a real output channel on loopback) returns one prepared
+    step per call, once the streams have written the previous step's frames; then it never returns."""
 
     def __init__(self, steps: list[list[EngineOutput]]) -> None:
-        self.get_outputs = self
+        self.output_channel = self
+        self.channel = ChannelServer(self._poll, "127.0.0.1")
         self.steps = iter(steps)
         self.done = asyncio.Event()
 
-    async def remote(self, *args: object) -> Polled:
+    def remote(self) -> Awaitable[ChannelAddress]:
+        """``output_channel.remote()``: where the router polls."""
+        return self.channel.address()
+
+    async def _poll(self, *args: object) -> Polled:
         for _ in range(3):  # let every stream write its frame, as between two engine messages
             await asyncio.sleep(0)
         outputs = next(self.steps, None)

@@ -15,8 +15,9 @@ with no Ray, is the `deployments.openai` package):
    on its own thread; each step's new token ids for a replica's requests wait in that
    replica's mailbox. Every reply carries the engine's incarnation; the engine steps at
    most a few steps ahead of what its replicas have routed (`step_credits`).
-4. The router's long poll (one per engine) takes a whole step's outputs at once, carrying
-   back the aborts found since the last poll; it detokenizes them in one batch, inline or
+4. The router's long poll (one per engine, on a connection of its own: `output_channel`, not a
+   Ray call a step) takes a whole step's outputs at once, carrying back the aborts found since
+   the last poll; it detokenizes them in one batch, inline or
    on the `detok_pool` deployment, and puts text deltas in each request's `streams.Mailbox`.
    A stop string found there finishes the choice and its abort rides the next poll.
 5. `engine_client.EngineClient.deltas`, the one loop over a request's output, hands the mailbox

@@ -1,5 +1,6 @@
 """`EngineActor`: one per GPU, runs `EngineCore` in its own thread and hands each
-subscribed ingress replica one message per step with all of its requests' outputs.
+subscribed ingress replica one message per step with all of its requests' outputs, over the
+connection `deployments.output_channel` serves (adds, aborts and stats are Ray calls).
 
 Every reply carries the actor's incarnation, a random number drawn when it starts, so an
 ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 import ray
 from ray.actor import ActorProxy
 
+from deployments.output_channel import ChannelAddress, ChannelServer
 from deployments.output_columns import from_columns, to_columns
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
@@ -129,6 +131,7 @@ class EngineActor:
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
         self.reaped: set[str] = set()  # subscribers taken for dead that have not polled since; event loop only
         self.reaper: asyncio.Task | None = None
+        self.channel = ChannelServer(self.get_outputs, channel_host())
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -168,6 +171,11 @@ class EngineActor:
         return self.incarnation
 
     @ray.method
+    async def output_channel(self) -> ChannelAddress:
+        """Where a replica polls `get_outputs` (`deployments.output_channel`): a connection of its own, not a Ray call a step."""
+        self._bind_loop()
+        return await self.channel.address()
+
     async def get_outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
         """Everything produced for ``subscriber`` since its last call; waits up to ``timeout_s`` for some.
 
@@ -227,6 +235,7 @@ class EngineActor:
         """Stop the engine thread after its current step (for in-process use; Ray ends the process)."""
         self.stopping = True
         self.wakeup.set()
+        self.channel.close()
         if self.reaper is not None:
             self.reaper.cancel()
         await asyncio.to_thread(self.thread.join)
@@ -360,6 +369,12 @@ class EngineActor:
             mailbox.outputs.extend(outputs)
             mailbox.delivered_step = step
             mailbox.ready.set()
+
+
+def channel_host() -> str:
+    """The address the output channel listens on: this node's, as Ray knows it (replicas may run on other
+    nodes), or loopback outside Ray (in-process tests)."""
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 EngineHandle = ActorProxy[EngineActor]

@@ -19,6 +19,7 @@ from deployments.openai.errors import APIError
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, usage
+from deployments.output_channel import EngineChannel
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
@@ -74,7 +75,7 @@ class EngineClient:
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.metrics = metrics
-        self.router = OutputRouter(engines, subscriber, detok, metrics)
+        self.router = OutputRouter([EngineChannel(engine, subscriber) for engine in engines], detok, metrics)
         self.adders = [TickBatcher(self._adder(i)) for i in range(len(engines))]
         self.aborters = [TickBatcher(self._aborter(i)) for i in range(len(engines))]
 

@@ -1,4 +1,5 @@
-"""The ingress's output loop: one per engine, from engine messages to request mailboxes.
+"""The ingress's output loop: one per engine, from engine messages (polled over `deployments.output_channel`)
+to request mailboxes.
 
 It also watches each engine's incarnation (in every reply): a changed one means the actor
 was restarted and lost its requests, so the streams added to the old incarnation end at
@@ -12,7 +13,7 @@ import asyncio
 import contextvars
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from deployments.detok_pool import DetokClient
 from deployments.metrics import IngressMetrics
@@ -24,13 +25,19 @@ from engine.beam.choices import beam_choice_outputs
 from engine.outputs import EngineOutput
 
 if TYPE_CHECKING:
-    from deployments.engine_actor import EngineHandle
+    from deployments.engine_actor import Polled
 
 logger = logging.getLogger(__name__)
 
 ENGINE_POLL_TIMEOUT_S = 1.0
 ENGINE_CALL_TIMEOUT_S = 30.0  # an engine that answers no call in this long is taken for dead
 ENGINE_FAILED = "the engine serving this request failed; it is being restarted"
+
+
+class OutputPoll(Protocol):
+    """One engine's long poll for this replica (`deployments.output_channel.EngineChannel`)."""
+
+    async def poll(self, timeout_s: float, aborts: list[str]) -> Polled: ...
 
 
 class OutputRouter:
@@ -42,28 +49,21 @@ class OutputRouter:
     as every abort does. Outputs for finished choices are dropped.
     """
 
-    def __init__(
-        self,
-        engines: list[EngineHandle],
-        subscriber: str,
-        detok: DetokClient,
-        metrics: IngressMetrics,
-    ) -> None:
-        self.engines = engines
-        self.subscriber = subscriber
+    def __init__(self, channels: list[OutputPoll], detok: DetokClient, metrics: IngressMetrics) -> None:
+        self.channels = channels
         self.detok = detok
         self.metrics = metrics
-        self.pending_aborts: list[list[str]] = [[] for _ in engines]
+        self.pending_aborts: list[list[str]] = [[] for _ in channels]
         self.streams: dict[str, ChoiceStream] = {}
-        self.live_per_engine = [0] * len(engines)
+        self.live_per_engine = [0] * len(channels)
         """Registered streams per engine: the load `EngineClient` balances, kept as they come and go."""
-        self.incarnations: list[int | None] = [None] * len(engines)
+        self.incarnations: list[int | None] = [None] * len(channels)
         self.down: set[int] = set()
         """Engines whose last poll failed: restarting, or gone."""
         # Empty contexts, so that Ray does not cancel the engine polls with the request that
         # happened to start this router (see `TickBatcher`).
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._loop(i), context=contextvars.Context()) for i in range(len(engines))]
+        self.tasks = [loop.create_task(self._loop(i), context=contextvars.Context()) for i in range(len(channels))]
 
     def register(self, stream: ChoiceStream) -> None:
         self.streams[stream.request_id] = stream
@@ -101,7 +101,7 @@ class OutputRouter:
                 stream.mailbox.fail(error)
 
     async def _loop(self, engine_index: int) -> None:
-        engine = self.engines[engine_index]
+        channel = self.channels[engine_index]
         task = asyncio.current_task()
         while True:
             if task is not None and task.cancelling():
@@ -110,8 +110,7 @@ class OutputRouter:
                 raise asyncio.CancelledError
             aborts, self.pending_aborts[engine_index] = self.pending_aborts[engine_index], []
             try:
-                poll = engine.get_outputs.remote(self.subscriber, ENGINE_POLL_TIMEOUT_S, aborts)
-                polled = await asyncio.wait_for(poll, ENGINE_CALL_TIMEOUT_S)
+                polled = await asyncio.wait_for(channel.poll(ENGINE_POLL_TIMEOUT_S, aborts), ENGINE_CALL_TIMEOUT_S)
             except Exception as error:  # the actor died (Ray restarts it) or hangs
                 logger.error("engine %d failed: %r", engine_index, error)
                 self._engine_down(engine_index)

@@ -16,6 +16,7 @@ from deployments.engine_routing import EngineRouting, Placement, RoutingPolicy
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat
+from deployments.output_channel import ChannelAddress, ChannelServer, Poll
 from deployments.prompt_encoder import PromptEncoder
 from engine.config import DEFAULT_MODEL
 from engine.loader.model_files import load_tokenizer
@@ -35,6 +36,11 @@ class Remote:
         return self.method(*args)
 
 
+def loopback_channel(poll: Poll) -> ChannelServer:
+    """A fake engine's output channel: the real server on loopback, answering with ``poll``."""
+    return ChannelServer(poll, "127.0.0.1")
+
+
 class SlowEngine:
     """Adds after a delay (the caller may be gone by then) and records every call; ``dead``: the actor is restarting."""
 
@@ -46,7 +52,13 @@ class SlowEngine:
         self.aborted: list[str] = []
         self.add_requests = Remote(self._add)
         self.abort_requests = Remote(self._abort)
-        self.get_outputs = Remote(self._outputs)
+        self.channel = loopback_channel(self._outputs)
+        self.output_channel = Remote(self._channel)
+
+    async def _channel(self) -> ChannelAddress:
+        if self.dead:
+            raise ActorDiedError()
+        return await self.channel.address()
 
     async def _add(self, subscriber: str, requests: list) -> Added:
         await asyncio.sleep(0.05)

@@ -23,7 +23,7 @@ from engine.config import DEFAULT_MODEL
 from engine.loader.model_files import load_tokenizer
 from engine.outputs import EngineOutput, FinishReason
 from sampling.params import SamplingParams
-from tests.deployments.test_engine_client import Remote
+from tests.deployments.test_engine_client import Remote, loopback_channel
 
 TOKENIZER = load_tokenizer(DEFAULT_MODEL)
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -39,7 +39,7 @@ class ScriptedEngine:
         self.pending: dict[str, list[int]] = {}
         self.add_requests = Remote(self._add)
         self.abort_requests = Remote(self._abort)
-        self.get_outputs = Remote(self._outputs)
+        self.output_channel = Remote(loopback_channel(self._outputs).address)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
         for request in requests:

@@ -51,16 +51,15 @@ def test_a_beam_search_output_becomes_one_finished_output_per_beam():
 
 
 class ScriptedEngine:
-    """An engine handle whose long poll returns ``messages`` one per call, then sets ``drained``
+    """An engine's output channel whose long poll returns ``messages`` one per call, then sets ``drained``
     (every message has been routed) and never returns; ``aborts``: those that came with the polls."""
 
     def __init__(self, messages: list[list[EngineOutput] | Polled]) -> None:
-        self.get_outputs = self
         self.messages = iter(messages)
         self.drained = asyncio.Event()
         self.aborts: list[str] = []
 
-    async def remote(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
+    async def poll(self, timeout_s: float, aborts: list[str]) -> Polled:
         self.aborts += aborts
         message = next(self.messages, None)
         if message is None:
@@ -87,7 +86,7 @@ def route_to_mailbox(
         prompt = TOKENIZER.encode("Hello")
         stream = ChoiceStream("r", 0, 0, mailbox, initial_state(TOKENIZER.tokenizer, prompt, params, answer), incarnation=incarnation)
         engine = ScriptedEngine(messages)
-        router = OutputRouter([engine], "sub", detok, IngressMetrics("tiny-random", "test-replica"))
+        router = OutputRouter([engine], detok, IngressMetrics("tiny-random", "test-replica"))
         router.register(stream)  # before the router's first poll runs
         await asyncio.wait_for(engine.drained.wait(), 30)
         return mailbox, engine.aborts
@@ -135,13 +134,12 @@ def test_a_replica_the_engine_took_for_dead_ends_its_streams():
 
 
 class AnsweringEngine:
-    """An engine handle whose long polls are futures the test answers (``polls``, newest last)."""
+    """An engine's output channel whose long polls are futures the test answers (``polls``, newest last)."""
 
     def __init__(self) -> None:
-        self.get_outputs = self
         self.polls: list[asyncio.Future] = []
 
-    def remote(self, subscriber: str, timeout_s: float, aborts: list[str]) -> asyncio.Future:
+    def poll(self, timeout_s: float, aborts: list[str]) -> asyncio.Future:
         self.polls.append(asyncio.get_running_loop().create_future())
         return self.polls[-1]
 
@@ -152,7 +150,7 @@ def test_a_cancel_that_races_a_poll_answer_still_ends_the_loop():
 
     async def run() -> None:
         engine = AnsweringEngine()
-        router = OutputRouter([engine], "sub", DetokClient(TOKENIZER.tokenizer, None, 0, 1), IngressMetrics("tiny-random", "test-replica"))
+        router = OutputRouter([engine], DetokClient(TOKENIZER.tokenizer, None, 0, 1), IngressMetrics("tiny-random", "test-replica"))
         for _ in range(3):
             await asyncio.sleep(0)  # the loop is in its first poll
         assert len(engine.polls) == 1
