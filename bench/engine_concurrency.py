@@ -5,7 +5,9 @@ requests at once and steps until all finish: TTFT (from the start to each reques
 first token) p50/p99 and output tokens/s, for distinct 128-token prompts at 64 and 256
 sequences (in float32 on the defaults, which on a CPU with AMX compute prompt tokens' matmuls in
 bfloat16 tiles; in float32 for every token; in bfloat16), and for prompts that share a 200-token
-system prompt with prefix caching on and off. Prints a table and writes bench/results/engine_concurrency.json (or ``--out``).
+system prompt with prefix caching on and off. On CUDA each engine first runs as many other prompts of
+the same shape, so that Triton's compiles for the workload's shapes fall before the clock. Prints a
+table and writes bench/results/engine_concurrency.json (or ``--out``).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ SYSTEM_PROMPT_TOKENS = 200
 QUESTION_TOKENS = 16
 
 
-def distinct_prompts(count: int) -> list[list[int]]:
-    return [[(7 * index + 13 * position) % 40000 + 100 for position in range(PROMPT_TOKENS)] for index in range(count)]
+def distinct_prompts(count: int, first: int = 0) -> list[list[int]]:
+    """``count`` prompts of `PROMPT_TOKENS`, no two alike; ``first``: where the numbering starts (another set, none of these)."""
+    return [[(7 * index + 13 * position) % 40000 + 100 for position in range(PROMPT_TOKENS)] for index in range(first, first + count)]
 
 
-def shared_system_prompts(count: int) -> list[list[int]]:
+def shared_system_prompts(count: int, first: int = 0) -> list[list[int]]:
     system = [(11 * position) % 40000 + 100 for position in range(SYSTEM_PROMPT_TOKENS)]
-    return [system + [(17 * index + 5 * position) % 40000 + 100 for position in range(QUESTION_TOKENS)] for index in range(count)]
+    return [system + [(17 * index + 5 * position) % 40000 + 100 for position in range(QUESTION_TOKENS)] for index in range(first, first + count)]
 
 
 def run(engine: EngineCore, prompts: list[list[int]], output_tokens: int) -> dict[str, float]:
@@ -57,9 +60,15 @@ def run(engine: EngineCore, prompts: list[list[int]], output_tokens: int) -> dic
     }
 
 
-def measure(checkpoint: Checkpoint, config: EngineConfig, workload: str, prompts: list[list[int]], output_tokens: int) -> dict[str, object]:
+def measure(
+    checkpoint: Checkpoint, config: EngineConfig, workload: str, prompts: list[list[int]], warm_up: list[list[int]], output_tokens: int
+) -> dict[str, object]:
+    """``warm_up``: as many other prompts of the same shape as ``prompts`` (none cached for them). On CUDA
+    they all run first, so that Triton compiles its kernels' specializations for this workload's
+    shapes before the clock starts; elsewhere (nothing compiles) the first alone. Either way the
+    shared system prompt is then cached, as a live server would have it."""
     engine = EngineCore(config, checkpoint)
-    run(engine, prompts[:1], 2)  # warm-up (also caches the shared system prompt, as a live server would have)
+    run(engine, warm_up if engine.runner.device.type == "cuda" else warm_up[:1], 2)
     hits_before = engine.prefix_cache_stats.hit_tokens
     queried_before = engine.prefix_cache_stats.queried_tokens
     result = run(engine, prompts, output_tokens)
@@ -95,11 +104,12 @@ def main(argv: list[str] | None = None) -> None:
         if prompt_tiles is False and not any(row["prompt_tiles"] for row in rows):
             continue
         config = EngineConfig(model=args.model, device=args.device, dtype=dtype, bf16_prompt_matmuls=prompt_tiles)
-        rows += [measure(checkpoint, config, "distinct", distinct_prompts(n), output_tokens) for n in concurrencies]
-    shared = shared_system_prompts(concurrencies[0])
+        rows += [measure(checkpoint, config, "distinct", distinct_prompts(n), distinct_prompts(n, n), output_tokens) for n in concurrencies]
+    count = concurrencies[0]
+    shared, shared_warm_up = shared_system_prompts(count), shared_system_prompts(count, count)
     for caching in (True, False):
         caching_config = EngineConfig(model=args.model, device=args.device, enable_prefix_caching=caching)
-        rows.append(measure(checkpoint, caching_config, "shared-system-prompt", shared, output_tokens))
+        rows.append(measure(checkpoint, caching_config, "shared-system-prompt", shared, shared_warm_up, output_tokens))
     print_table(rows)
     path = write_results(
         "engine_concurrency",
