@@ -8,7 +8,7 @@
   ``StreamingResponse``; its CPU per frame, read from /proc. The reference.
 - ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
 - ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
-  Ray: each step's `EngineOutput`s polled over a real output channel on loopback (both of its
+  Ray: each step's `EngineOutput`s polled over a real engine channel on loopback (both of its
   ends in this process), `OutputRouter._route` on them (inline detok, stop and delivery),
   then each stream's `EngineClient.stream` through `EventStream` to a send that does
   nothing; CPU per token of this process.
@@ -35,12 +35,12 @@ from bench.lib.process_cpu import TICKS_PER_S
 from bench.lib.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
+from deployments.engine_channel import ChannelAddress, ChannelServer
 from deployments.engine_client import EngineClient, Submission
 from deployments.metrics import IngressMetrics
 from deployments.openai.event_stream import EventStream
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, sse
-from deployments.output_channel import ChannelAddress, ChannelServer
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
@@ -133,17 +133,17 @@ def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
 
 
 class _ScriptedEngine:
-    """An engine handle whose long poll (over a real output channel on loopback) returns one prepared
+    """An engine handle whose long poll (over a real engine channel on loopback) returns one prepared
     step per call, once the streams have written the previous step's frames; then it never returns."""
 
     def __init__(self, steps: list[list[EngineOutput]]) -> None:
-        self.output_channel = self
-        self.channel = ChannelServer(self._poll, "127.0.0.1")
+        self.channel_address = self
+        self.channel = ChannelServer({"get_outputs": self._poll}, "127.0.0.1")
         self.steps = iter(steps)
         self.done = asyncio.Event()
 
     def remote(self) -> Awaitable[ChannelAddress]:
-        """``output_channel.remote()``: where the router polls."""
+        """``channel_address.remote()``: where the router polls."""
         return self.channel.address()
 
     async def _poll(self, *args: object) -> Polled:

@@ -9,14 +9,15 @@ with no Ray, is the `deployments.openai` package):
 2. `engine_client.EngineClient.submit` (the replica's client of the engines) tokenizes the
    request's strings once (bad words, DRY breakers, negative prompt), registers one
    `streams.ChoiceStream` per choice with the `output_router.OutputRouter`, and adds them to
-   the least loaded live engine in one batched actor call per tick (`tick_batcher`).
+   the least loaded live engine in one batched call per tick (`tick_batcher`), on the replica's
+   connections to that engine (`engine_channel`: not a Ray call).
 3. `engine_actor.EngineActor` (one per GPU, detached, owned by the app, named and placed by
    `engine_placement`) runs `EngineCore`
    on its own thread; each step's new token ids for a replica's requests wait in that
    replica's mailbox. Every reply carries the engine's incarnation; the engine steps at
    most a few steps ahead of what its replicas have routed (`step_credits`).
-4. The router's long poll (one per engine, on a connection of its own: `output_channel`, not a
-   Ray call a step) takes a whole step's outputs at once, carrying back the aborts found since
+4. The router's long poll (one per engine, on a connection of its own in `engine_channel`)
+   takes a whole step's outputs at once, carrying back the aborts found since
    the last poll; it detokenizes them in one batch, inline or
    on the `detok_pool` deployment, and puts text deltas in each request's `streams.Mailbox`.
    A stop string found there finishes the choice and its abort rides the next poll.

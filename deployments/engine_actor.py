@@ -1,6 +1,7 @@
 """`EngineActor`: one per GPU, runs `EngineCore` in its own thread and hands each
-subscribed ingress replica one message per step with all of its requests' outputs, over the
-connection `deployments.output_channel` serves (adds, aborts and stats are Ray calls).
+subscribed ingress replica one message per step with all of its requests' outputs. Its replicas
+poll, add and abort on the connections `deployments.engine_channel` serves; stats and the
+channel's address are Ray calls.
 
 Every reply carries the actor's incarnation, a random number drawn when it starts, so an
 ingress sees a restart (Ray restarts a dead actor under the same name) in the first reply
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 import ray
 from ray.actor import ActorProxy
 
-from deployments.output_channel import ChannelAddress, ChannelServer
+from deployments.engine_channel import ChannelAddress, ChannelServer
 from deployments.output_columns import from_columns, to_columns
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
@@ -117,7 +118,8 @@ class _Subscriber:
 
 class EngineActor:
     """Wrap with ``ray.remote`` (see `deployments.engine_placement.engine_handles`); the methods marked ``@ray.method`` are
-    called by ingress replicas through an `EngineHandle`, which types their ``.remote`` calls.
+    called through an `EngineHandle`, which types their ``.remote`` calls; `get_outputs`, `add_requests` and
+    `abort_requests` are served to ingress replicas on the engine channel (`deployments.engine_channel`).
 
     All engine work happens on one thread: calls are queued as commands and applied
     at the next step boundary, so nothing contends for a lock with the step loop.
@@ -131,7 +133,8 @@ class EngineActor:
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
         self.reaped: set[str] = set()  # subscribers taken for dead that have not polled since; event loop only
         self.reaper: asyncio.Task | None = None
-        self.channel = ChannelServer(self.get_outputs, channel_host())
+        calls = {"get_outputs": self.get_outputs, "add_requests": self.add_requests, "abort_requests": self.abort_requests}
+        self.channel = ChannelServer(calls, channel_host())
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -158,21 +161,20 @@ class EngineActor:
         self._bind_loop()
         return self.engine.max_model_len
 
-    @ray.method
     async def add_requests(self, subscriber: str, requests: list[NewRequest]) -> Added:
         """Queue requests whose outputs go to ``subscriber``; why each refused request was refused."""
         self._subscriber(subscriber)
         return Added(self.incarnation, await self._call(lambda: [self._add(subscriber, r) for r in requests]))
 
-    @ray.method
     async def abort_requests(self, request_ids: list[str]) -> int:
         """Abort these requests (or, not added yet, refuse them when they are); the incarnation."""
         await self._call(lambda: self._abort(request_ids))
         return self.incarnation
 
     @ray.method
-    async def output_channel(self) -> ChannelAddress:
-        """Where a replica polls `get_outputs` (`deployments.output_channel`): a connection of its own, not a Ray call a step."""
+    async def channel_address(self) -> ChannelAddress:
+        """Where a replica calls `get_outputs`, `add_requests` and `abort_requests` (`deployments.engine_channel`): on
+        connections of its own, not a Ray call each."""
         self._bind_loop()
         return await self.channel.address()
 
@@ -372,7 +374,7 @@ class EngineActor:
 
 
 def channel_host() -> str:
-    """The address the output channel listens on: this node's, as Ray knows it (replicas may run on other
+    """The address the engine channel listens on: this node's, as Ray knows it (replicas may run on other
     nodes), or loopback outside Ray (in-process tests)."""
     return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 

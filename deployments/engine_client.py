@@ -12,6 +12,7 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
+from deployments.engine_channel import EngineChannel
 from deployments.engine_routing import EngineRouting, KeyHomes
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
@@ -19,7 +20,6 @@ from deployments.openai.errors import APIError
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, usage
-from deployments.output_channel import EngineChannel
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
 from deployments.prompt_encoder import PromptEncoder
 from deployments.streams import ChoiceStream, Mailbox
@@ -53,7 +53,8 @@ class Submission:
 
 
 class EngineClient:
-    """Owns this ingress replica's engine handles, output router and batched add/abort calls."""
+    """Owns this ingress replica's channels to the engines (`deployments.engine_channel`), its output router and
+    its batched add/abort calls."""
 
     def __init__(
         self,
@@ -66,7 +67,6 @@ class EngineClient:
         stream_idle_timeout_s: float | None = None,
         routing: EngineRouting = LEAST_LOADED,
     ) -> None:
-        self.engines = engines
         self.routing = routing
         self.key_homes = KeyHomes()
         self.stream_interval = stream_interval
@@ -75,26 +75,27 @@ class EngineClient:
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.metrics = metrics
-        self.router = OutputRouter([EngineChannel(engine, subscriber) for engine in engines], detok, metrics)
+        self.channels = [EngineChannel(engine, subscriber) for engine in engines]
+        self.router = OutputRouter(self.channels, detok, metrics)
         self.adders = [TickBatcher(self._adder(i)) for i in range(len(engines))]
         self.aborters = [TickBatcher(self._aborter(i)) for i in range(len(engines))]
 
     def _adder(self, engine_index: int):
-        engine = self.engines[engine_index]
+        channel = self.channels[engine_index]
 
         async def add(requests: list[NewRequest]) -> list[tuple[int, Refusal | None]]:
             """Per request, the engine's incarnation and why it was refused, or None."""
-            reply = await asyncio.wait_for(engine.add_requests.remote(self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)
+            reply = await asyncio.wait_for(channel.call("add_requests", self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, reply.incarnation)
             return [(reply.incarnation, error) for error in reply.errors]
 
         return add
 
     def _aborter(self, engine_index: int):
-        engine = self.engines[engine_index]
+        channel = self.channels[engine_index]
 
         async def abort(request_ids: list[str]) -> list[None]:
-            incarnation = await asyncio.wait_for(engine.abort_requests.remote(request_ids), ENGINE_CALL_TIMEOUT_S)
+            incarnation = await asyncio.wait_for(channel.call("abort_requests", request_ids), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, incarnation)
             return [None] * len(request_ids)
 
@@ -156,7 +157,7 @@ class EngineClient:
             self.router.register(stream)
         try:
             replies = await asyncio.gather(*(self.adders[engine_index].submit(r) for r in requests))
-        except (RayActorError, TimeoutError) as error:  # the engine died, is restarting or hangs: the client may retry
+        except (RayActorError, ConnectionError, TimeoutError) as error:  # the engine died, is restarting or hangs: the client may retry
             self._withdraw(streams)
             raise APIError(503, ENGINE_FAILED, code="engine_failed") from error
         except BaseException:  # the client left mid-submit: leave nothing behind

@@ -1,4 +1,4 @@
-"""The ingress's output loop: one per engine, from engine messages (polled over `deployments.output_channel`)
+"""The ingress's output loop: one per engine, from engine messages (polled over `deployments.engine_channel`)
 to request mailboxes.
 
 It also watches each engine's incarnation (in every reply): a changed one means the actor
@@ -35,7 +35,7 @@ ENGINE_FAILED = "the engine serving this request failed; it is being restarted"
 
 
 class OutputPoll(Protocol):
-    """One engine's long poll for this replica (`deployments.output_channel.EngineChannel`)."""
+    """One engine's long poll for this replica (`deployments.engine_channel.EngineChannel`)."""
 
     async def poll(self, timeout_s: float, aborts: list[str]) -> Polled: ...
 

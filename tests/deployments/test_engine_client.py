@@ -11,12 +11,12 @@ from ray.exceptions import ActorDiedError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
+from deployments.engine_channel import ChannelAddress, ChannelServer, Method
 from deployments.engine_client import EngineClient
 from deployments.engine_routing import EngineRouting, Placement, RoutingPolicy
 from deployments.metrics import IngressMetrics
 from deployments.openai.errors import APIError
 from deployments.openai.responses import ResponseFormat
-from deployments.output_channel import ChannelAddress, ChannelServer, Poll
 from deployments.prompt_encoder import PromptEncoder
 from engine.config import DEFAULT_MODEL
 from engine.loader.model_files import load_tokenizer
@@ -36,9 +36,9 @@ class Remote:
         return self.method(*args)
 
 
-def loopback_channel(poll: Poll) -> ChannelServer:
-    """A fake engine's output channel: the real server on loopback, answering with ``poll``."""
-    return ChannelServer(poll, "127.0.0.1")
+def loopback_channel(get_outputs: Method, add_requests: Method, abort_requests: Method) -> ChannelServer:
+    """A fake engine's channel: the real server on loopback, serving the fake's methods."""
+    return ChannelServer({"get_outputs": get_outputs, "add_requests": add_requests, "abort_requests": abort_requests}, "127.0.0.1")
 
 
 class SlowEngine:
@@ -50,10 +50,8 @@ class SlowEngine:
         self.added: list[str] = []
         self.received: list = []
         self.aborted: list[str] = []
-        self.add_requests = Remote(self._add)
-        self.abort_requests = Remote(self._abort)
-        self.channel = loopback_channel(self._outputs)
-        self.output_channel = Remote(self._channel)
+        self.channel = loopback_channel(self._outputs, self._add, self._abort)
+        self.channel_address = Remote(self._channel)
 
     async def _channel(self) -> ChannelAddress:
         if self.dead:

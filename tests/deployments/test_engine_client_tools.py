@@ -37,9 +37,7 @@ class ScriptedEngine:
         self.per_poll = per_poll
         self.script, self.finish = script, finish
         self.pending: dict[str, list[int]] = {}
-        self.add_requests = Remote(self._add)
-        self.abort_requests = Remote(self._abort)
-        self.output_channel = Remote(loopback_channel(self._outputs).address)
+        self.channel_address = Remote(loopback_channel(self._outputs, self._add, self._abort).address)
 
     async def _add(self, subscriber: str, requests: list) -> Added:
         for request in requests:

@@ -51,7 +51,7 @@ def test_a_beam_search_output_becomes_one_finished_output_per_beam():
 
 
 class ScriptedEngine:
-    """An engine's output channel whose long poll returns ``messages`` one per call, then sets ``drained``
+    """An engine channel whose long poll returns ``messages`` one per call, then sets ``drained``
     (every message has been routed) and never returns; ``aborts``: those that came with the polls."""
 
     def __init__(self, messages: list[list[EngineOutput] | Polled]) -> None:
@@ -134,7 +134,7 @@ def test_a_replica_the_engine_took_for_dead_ends_its_streams():
 
 
 class AnsweringEngine:
-    """An engine's output channel whose long polls are futures the test answers (``polls``, newest last)."""
+    """An engine channel whose long polls are futures the test answers (``polls``, newest last)."""
 
     def __init__(self) -> None:
         self.polls: list[asyncio.Future] = []

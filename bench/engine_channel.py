@@ -1,12 +1,12 @@
-"""A step's long poll as a Ray actor call against the same poll on the engine's output channel.
+"""A step's long poll as a Ray actor call against the same poll on the engine channel.
 
-``python -m bench.output_channel [--polls N]`` starts Ray on loopback with two actors: an engine
+``python -m bench.engine_channel [--polls N]`` starts Ray on loopback with two actors: an engine
 stand-in whose poll answers at once with one step of ``STREAMS`` plain outputs (a `Polled`, as
 `EngineActor.get_outputs` gives it), and a caller (an ingress replica's output loop) that polls it
 ``N`` times, first as Ray calls (``get_outputs.remote``, as the router did), then over the
-`deployments.output_channel` connection, then as Ray calls again (the machine's speed drifts). Each
+`deployments.engine_channel` connection, then as Ray calls again (the machine's speed drifts). Each
 row: the wall time of a poll and the CPU of each side per poll, read from /proc. The reference is
-the Ray call. Rows go to bench/results/output_channel.json.
+the Ray call. Rows go to bench/results/engine_channel.json.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import ray
 from bench.lib.common import print_table, quietness, write_results
 from bench.lib.process_cpu import TICKS_PER_S
 from deployments.engine_actor import Polled
-from deployments.output_channel import ChannelAddress, ChannelServer, EngineChannel
+from deployments.engine_channel import ChannelAddress, ChannelServer, EngineChannel
 from engine.outputs import EngineOutput
 
 STREAMS = 64
@@ -42,7 +42,7 @@ class Engine:
     """The engine stand-in: the poll of `EngineActor.get_outputs`, as a Ray method and on a channel."""
 
     def __init__(self) -> None:
-        self.channel = ChannelServer(self.get_outputs, "127.0.0.1")
+        self.channel = ChannelServer({"get_outputs": self.get_outputs}, "127.0.0.1")
 
     def pid(self) -> int:
         return os.getpid()
@@ -50,7 +50,7 @@ class Engine:
     async def get_outputs(self, subscriber: str, timeout_s: float, aborts: list[str]) -> Polled:
         return one_step()
 
-    async def output_channel(self) -> ChannelAddress:
+    async def channel_address(self) -> ChannelAddress:
         return await self.channel.address()
 
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         ray.shutdown()
     print_table(rows)
-    print(f"wrote {write_results('output_channel', rows, **quietness(load_before))}")
+    print(f"wrote {write_results('engine_channel', rows, **quietness(load_before))}")
 
 
 if __name__ == "__main__":
