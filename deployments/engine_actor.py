@@ -380,5 +380,5 @@ def channel_host() -> str:
 
 
 EngineHandle = ActorProxy[EngineActor]
-"""A handle to an engine actor, as Ray types it: ``engine.add_requests.remote(subscriber, requests)`` is checked
-against `EngineActor.add_requests`, and awaiting it gives an `Added`."""
+"""A handle to an engine actor, as Ray types it: ``engine.channel_address.remote()`` is checked
+against `EngineActor.channel_address`, and awaiting it gives a `ChannelAddress`."""
