@@ -202,7 +202,10 @@ class EngineChannel:
 
     async def _connect(self) -> Connection:
         address: ChannelAddress = await self.engine.channel_address.remote()
-        reader, writer = await asyncio.open_connection(address.host, address.port)
+        try:
+            reader, writer = await asyncio.open_connection(address.host, address.port)
+        except OSError as error:  # refused, unreachable: the engine is gone, as a broken connection says
+            raise ChannelError(f"cannot reach the engine's channel at {address.host}:{address.port}: {error}") from error
         write_frame(writer, json.dumps({"token": address.token}).encode())
         return reader, writer
 

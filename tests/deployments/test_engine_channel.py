@@ -17,6 +17,7 @@ from deployments.engine_channel import (
     MAX_FRAME_BYTES,
     ChannelAddress,
     ChannelCall,
+    ChannelError,
     ChannelServer,
     EngineCallError,
     EngineChannel,
@@ -194,6 +195,27 @@ def test_a_closed_engine_fails_the_poll_and_the_call_instead_of_hanging():
         with pytest.raises(ConnectionError):  # ChannelError for the end of the stream, or the reset itself
             await polling
         assert channel.polling is None and channel.idle == []
+
+    run(work())
+
+
+def test_an_engine_whose_port_is_gone_fails_the_call_with_a_channel_error():
+    """What the engine client turns into a 503, as for a dead actor: not an OSError of another kind."""
+
+    async def work() -> None:
+        engine = FakeEngine([])
+        address = await engine.channel.address()
+        engine.channel.close()
+        await engine.channel.server.wait_closed()
+
+        async def stale_address() -> ChannelAddress:  # what a dead node's actor last said
+            return address
+
+        engine.channel_address = Remote(stale_address)
+        channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
+        with pytest.raises(ChannelError, match=f"127.0.0.1:{address.port}"):
+            await channel.call("add_requests", "replica-1", ["r1"])
+        assert channel.idle == []
 
     run(work())
 
