@@ -31,6 +31,7 @@ import json
 import logging
 import pickle
 import secrets
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,14 @@ MAX_HELLO_BYTES = 4096
 MAX_FRAME_BYTES = 1 << 30
 HELLO_TIMEOUT_S = 5.0
 """A connection that has not shown its token in this long is closed."""
+KEEPALIVE = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+)
+"""TCP keepalive on the engine's side of each connection: a replica whose node died (no FIN, no reset)
+is found within about a minute and its connection closed, not kept for as long as the engine lives."""
 POLL = "get_outputs"
 """The method a replica long-polls (`EngineActor.get_outputs`); the others are its adds and aborts."""
 
@@ -116,6 +125,9 @@ class ChannelServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections.add(writer)
+        connection = writer.get_extra_info("socket")
+        for level, option, value in KEEPALIVE:
+            connection.setsockopt(level, option, value)
         try:
             if not await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S):
                 return

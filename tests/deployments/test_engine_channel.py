@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from deployments.engine_actor import Added, Polled
 from deployments.engine_channel import (
+    KEEPALIVE,
     LENGTH,
     MAX_FRAME_BYTES,
     ChannelAddress,
@@ -96,6 +97,20 @@ def test_a_poll_brings_the_engines_outputs_and_takes_the_aborts():
         assert second.subscriber_lost
         assert engine.calls == [("get_outputs", "replica-1", 1.0, []), ("get_outputs", "replica-1", 0.5, ["x", "y"])]
         assert engine.lookups == 1  # one connection for every poll
+        channel.close()
+        engine.channel.close()
+
+    run(work())
+
+
+def test_the_engine_keeps_each_connection_alive_so_that_a_dead_replicas_node_is_found():
+    async def work() -> None:
+        engine = FakeEngine([Polled(7, [])])
+        channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
+        await channel.poll(1.0, [])
+        (served,) = engine.channel.connections
+        connection = served.get_extra_info("socket")
+        assert [connection.getsockopt(level, option) for level, option, _ in KEEPALIVE] == [value for _, _, value in KEEPALIVE]
         channel.close()
         engine.channel.close()
 
