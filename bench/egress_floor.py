@@ -35,7 +35,7 @@ from bench.lib.process_cpu import TICKS_PER_S
 from bench.lib.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
-from deployments.engine_channel import ChannelAddress, ChannelServer
+from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod
 from deployments.engine_client import EngineClient, Submission
 from deployments.metrics import IngressMetrics
 from deployments.openai.event_stream import EventStream
@@ -138,7 +138,7 @@ class _ScriptedEngine:
 
     def __init__(self, steps: list[list[EngineOutput]]) -> None:
         self.channel_address = self
-        self.channel = ChannelServer({"get_outputs": self._poll}, "127.0.0.1")
+        self.channel = ChannelServer({EngineMethod.GET_OUTPUTS: self._poll}, "127.0.0.1")
         self.steps = iter(steps)
         self.done = asyncio.Event()
 

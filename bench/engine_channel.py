@@ -20,7 +20,7 @@ import ray
 from bench.lib.common import print_table, quietness, write_results
 from bench.lib.process_cpu import TICKS_PER_S
 from deployments.engine_actor import Polled
-from deployments.engine_channel import ChannelAddress, ChannelServer, EngineChannel
+from deployments.engine_channel import ChannelAddress, ChannelServer, EngineChannel, EngineMethod
 from engine.outputs import EngineOutput
 
 STREAMS = 64
@@ -42,7 +42,7 @@ class Engine:
     """The engine stand-in: the poll of `EngineActor.get_outputs`, as a Ray method and on a channel."""
 
     def __init__(self) -> None:
-        self.channel = ChannelServer({"get_outputs": self.get_outputs}, "127.0.0.1")
+        self.channel = ChannelServer({EngineMethod.GET_OUTPUTS: self.get_outputs}, "127.0.0.1")
 
     def pid(self) -> int:
         return os.getpid()

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import ray
 from ray.actor import ActorProxy
 
-from deployments.engine_channel import ChannelAddress, ChannelServer
+from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod
 from deployments.output_columns import from_columns, to_columns
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
@@ -133,7 +133,7 @@ class EngineActor:
         self.subscribers: dict[str, _Subscriber] = {}  # event loop only
         self.reaped: set[str] = set()  # subscribers taken for dead that have not polled since; event loop only
         self.reaper: asyncio.Task | None = None
-        calls = {"get_outputs": self.get_outputs, "add_requests": self.add_requests, "abort_requests": self.abort_requests}
+        calls = {EngineMethod.GET_OUTPUTS: self.get_outputs, EngineMethod.ADD_REQUESTS: self.add_requests, EngineMethod.ABORT_REQUESTS: self.abort_requests}
         self.channel = ChannelServer(calls, channel_host())
         self.commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.wakeup = threading.Event()

@@ -35,6 +35,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,10 +56,17 @@ KEEPALIVE = (
 )
 """TCP keepalive on the engine's side of each connection: a replica whose node died (no FIN, no reset)
 is found within about a minute and its connection closed, not kept for as long as the engine lives."""
-POLL = "get_outputs"
-"""The method a replica long-polls (`EngineActor.get_outputs`); the others are its adds and aborts."""
 
 Method = Callable[..., Awaitable[Any]]
+
+
+class EngineMethod(StrEnum):
+    """The engine's methods a replica calls on the channel, by the name a `ChannelCall` carries."""
+
+    GET_OUTPUTS = "get_outputs"
+    """The long poll (`EngineActor.get_outputs`), on a connection of its own."""
+    ADD_REQUESTS = "add_requests"
+    ABORT_REQUESTS = "abort_requests"
 
 
 class ChannelError(ConnectionError):
@@ -102,7 +110,7 @@ def write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
 class ChannelServer:
     """The engine's side: serves ``methods`` (by name) to each replica that connects with the token, on ``host``."""
 
-    def __init__(self, methods: dict[str, Method], host: str) -> None:
+    def __init__(self, methods: dict[EngineMethod, Method], host: str) -> None:
         self.methods = methods
         self.host = host
         self.token = secrets.token_hex(32)
@@ -181,12 +189,12 @@ class EngineChannel:
         try:
             if self.polling is None:
                 self.polling = await self._connect()
-            return await self._exchange(self.polling, ChannelCall(POLL, (self.subscriber, timeout_s, aborts)))
+            return await self._exchange(self.polling, ChannelCall(EngineMethod.GET_OUTPUTS, (self.subscriber, timeout_s, aborts)))
         except BaseException:
             self.close()  # the other calls' connections go too: a failed poll is most often a restarted engine
             raise
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: EngineMethod, *args: Any) -> Any:
         """The engine's ``method(*args)``: its result, `EngineCallError` if it raised, or what the
         connection raised (`ChannelError`, or the address lookup's error while the engine restarts)."""
         connection = self.idle.pop() if self.idle else await self._connect()

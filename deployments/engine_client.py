@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import EngineHandle, NewRequest, Refusal
-from deployments.engine_channel import EngineChannel
+from deployments.engine_channel import EngineChannel, EngineMethod
 from deployments.engine_routing import EngineRouting, KeyHomes
 from deployments.metrics import IngressMetrics
 from deployments.openai.choices import completion_body, completion_frames
@@ -85,7 +85,7 @@ class EngineClient:
 
         async def add(requests: list[NewRequest]) -> list[tuple[int, Refusal | None]]:
             """Per request, the engine's incarnation and why it was refused, or None."""
-            reply = await asyncio.wait_for(channel.call("add_requests", self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)
+            reply = await asyncio.wait_for(channel.call(EngineMethod.ADD_REQUESTS, self.subscriber, requests), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, reply.incarnation)
             return [(reply.incarnation, error) for error in reply.errors]
 
@@ -95,7 +95,7 @@ class EngineClient:
         channel = self.channels[engine_index]
 
         async def abort(request_ids: list[str]) -> list[None]:
-            incarnation = await asyncio.wait_for(channel.call("abort_requests", request_ids), ENGINE_CALL_TIMEOUT_S)
+            incarnation = await asyncio.wait_for(channel.call(EngineMethod.ABORT_REQUESTS, request_ids), ENGINE_CALL_TIMEOUT_S)
             self.router.saw_incarnation(engine_index, incarnation)
             return [None] * len(request_ids)
 

@@ -12,6 +12,7 @@ per output does not depend on the batch: a row's result is the same alone and am
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +74,7 @@ class QuantizedWeight:
         kernel = quant_matmul.load()
         return self._on_blocks(kernel.q8_argmax, kernel.q4_argmax, x)
 
-    def _on_blocks(self, q8_operation, q4_operation, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - the kernel's functions
+    def _on_blocks(self, q8_operation: Callable[..., torch.Tensor], q4_operation: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The 8-bit kernel function (x, q, scales) or the 4-bit one (x, q, scales, mins), whichever format this weight has, on x made contiguous."""
         if self.mins is None:
             return q8_operation(x.contiguous(), self.q, self.scales)

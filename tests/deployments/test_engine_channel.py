@@ -22,6 +22,7 @@ from deployments.engine_channel import (
     ChannelServer,
     EngineCallError,
     EngineChannel,
+    EngineMethod,
     read_frame,
     write_frame,
 )
@@ -49,7 +50,7 @@ class FakeEngine:
         self.replies = iter(replies)
         self.calls: list[tuple] = []
         self.lookups = 0
-        self.channel = ChannelServer({"get_outputs": self._poll, "add_requests": self._add}, "127.0.0.1")
+        self.channel = ChannelServer({EngineMethod.GET_OUTPUTS: self._poll, EngineMethod.ADD_REQUESTS: self._add}, "127.0.0.1")
         self.channel_address = Remote(self._address)
 
     async def _address(self) -> ChannelAddress:
@@ -122,11 +123,11 @@ def test_a_call_answers_beside_a_waiting_poll_and_a_failed_call_keeps_its_connec
         engine = FakeEngine([])  # polls wait their timeout
         channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
         polling = asyncio.ensure_future(channel.poll(5.0, []))
-        added = await channel.call("add_requests", "replica-1", ["r1", "r2"])
+        added = await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["r1", "r2"])
         assert added == Added(7, [None, None]) and not polling.done()
         with pytest.raises(EngineCallError, match="RuntimeError: the engine thread broke"):
-            await channel.call("add_requests", "replica-1", ["boom"])
-        assert (await channel.call("add_requests", "replica-1", ["r3"])).errors == [None]
+            await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["boom"])
+        assert (await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["r3"])).errors == [None]
         assert engine.lookups == 2  # the poll's connection and one for the calls, reused
         polling.cancel()
         channel.close()
@@ -184,7 +185,7 @@ def test_a_cancelled_poll_drops_its_connections_and_the_next_poll_connects_again
     async def work() -> None:
         engine = FakeEngine([])  # every poll waits its timeout
         channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
-        await channel.call("add_requests", "replica-1", ["r1"])
+        await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["r1"])
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(channel.poll(0.3, ["a"]), 0.1)
         assert channel.polling is None and channel.idle == []  # the calls' connection went too
@@ -202,7 +203,7 @@ def test_a_closed_engine_fails_the_poll_and_the_call_instead_of_hanging():
     async def work() -> None:
         engine = FakeEngine([])
         channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
-        await channel.call("add_requests", "replica-1", ["r1"])
+        await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["r1"])
         polling = asyncio.ensure_future(channel.poll(5.0, []))
         while len(engine.calls) < 2:
             await asyncio.sleep(0.01)
@@ -229,7 +230,7 @@ def test_an_engine_whose_port_is_gone_fails_the_call_with_a_channel_error():
         engine.channel_address = Remote(stale_address)
         channel = EngineChannel(engine, "replica-1")  # type: ignore[arg-type]
         with pytest.raises(ChannelError, match=f"127.0.0.1:{address.port}"):
-            await channel.call("add_requests", "replica-1", ["r1"])
+            await channel.call(EngineMethod.ADD_REQUESTS, "replica-1", ["r1"])
         assert channel.idle == []
 
     run(work())

@@ -11,7 +11,7 @@ from ray.exceptions import ActorDiedError
 
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Added, Polled
-from deployments.engine_channel import ChannelAddress, ChannelServer, Method
+from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod, Method
 from deployments.engine_client import EngineClient
 from deployments.engine_routing import EngineRouting, Placement, RoutingPolicy
 from deployments.metrics import IngressMetrics
@@ -38,7 +38,8 @@ class Remote:
 
 def loopback_channel(get_outputs: Method, add_requests: Method, abort_requests: Method) -> ChannelServer:
     """A fake engine's channel: the real server on loopback, serving the fake's methods."""
-    return ChannelServer({"get_outputs": get_outputs, "add_requests": add_requests, "abort_requests": abort_requests}, "127.0.0.1")
+    methods = {EngineMethod.GET_OUTPUTS: get_outputs, EngineMethod.ADD_REQUESTS: add_requests, EngineMethod.ABORT_REQUESTS: abort_requests}
+    return ChannelServer(methods, "127.0.0.1")
 
 
 class SlowEngine:
