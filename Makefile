@@ -28,11 +28,12 @@ $(STAMP): pyproject.toml
 
 # The CPU engine's kernels (engine/kernels): minutes the first time; without a C++ compiler they are
 # skipped and the engine dequantizes the weights, gathers the KV blocks for SDPA, rotates and normalizes with torch instead.
-$(KERNELS): $(STAMP) engine/kernels/build.py $(wildcard engine/kernels/*.cpp engine/kernels/*.h) engine/kernels/quant_matmul.py engine/kernels/paged_attention.py engine/kernels/rope_cache.py engine/kernels/rms_norm.py
+$(KERNELS): $(STAMP) engine/kernels/build.py $(wildcard engine/kernels/*.cpp engine/kernels/*.h) engine/kernels/quant_matmul.py engine/kernels/paged_attention.py engine/kernels/rope_cache.py engine/kernels/rms_norm.py engine/kernels/silu_mul.py
 	$(PY) -m engine.kernels.quant_matmul
 	$(PY) -m engine.kernels.paged_attention
 	$(PY) -m engine.kernels.rope_cache
 	$(PY) -m engine.kernels.rms_norm
+	$(PY) -m engine.kernels.silu_mul
 	mkdir -p $(dir $@) && touch $@
 
 run: install

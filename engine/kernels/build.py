@@ -1,7 +1,7 @@
 """Builds and loads a C++ kernel of ``engine/kernels`` with torch's extension builder, once per machine.
 
 Each kernel's module (`engine.kernels.quant_matmul`, `engine.kernels.paged_attention`,
-`engine.kernels.rope_cache`, `engine.kernels.rms_norm`) calls
+`engine.kernels.rope_cache`, `engine.kernels.rms_norm`, `engine.kernels.silu_mul`) calls
 `load_kernel` from its own cached ``load()``. The build goes to ``.cache/kernels/<name>``; the
 first one takes a few minutes (torch's headers), later loads a second.
 """

@@ -28,14 +28,11 @@
 #include <vector>
 
 #include "parallel_chunks.h"
+#include "vector_exp.h"
 
 namespace {
 
-constexpr int64_t LANES = 16;
 constexpr int64_t MAX_CHUNKS = 16;  // head_dim up to 256
-
-typedef float f32v __attribute__((vector_size(LANES * 4)));
-typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
 
 inline f32v load(const float* p) {
   f32v v;
@@ -44,8 +41,6 @@ inline f32v load(const float* p) {
 }
 
 inline void store(float* p, f32v v) { std::memcpy(p, &v, sizeof(v)); }
-
-inline f32v splat(float x) { return f32v{} + x; }
 
 // Lane j of the result is the sum of v[j]'s 16 lanes, by one fixed tree whatever j: with h8[i] =
 // v[i] + v[i+8], h4[i] = h8[i] + h8[i+4], h2[i] = h4[i] + h4[i+2], the sum is h2[0] + h2[1] (the tree
@@ -63,25 +58,6 @@ inline f32v lane_sums(const f32v (&v)[LANES]) {
             __builtin_shufflevector(h4[2 * i], h4[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
   return __builtin_shufflevector(h2[0], h2[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(h2[0], h2[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-
-// exp(x) for x <= 0, 16 lanes (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-5
-// polynomial for e^r, 2^n into the exponent bits); within 2 ulp of std::exp, 0 below -87.
-inline f32v exp_nonpositive(f32v x) {
-  const f32v magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  f32v clamped = x < splat(-87.0f) ? splat(-87.0f) : x;
-  f32v n = (clamped * splat(1.44269504088896341f) + magic) - magic;
-  f32v r = clamped - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-  f32v p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  i32v bits = (__builtin_convertvector(n, i32v) + 127) << 23;
-  f32v scaled = p * (f32v)bits;
-  return x < splat(-87.0f) ? splat(0.0f) : scaled;
 }
 
 // q . k over CHUNKS * LANES dimensions, lane by lane: the lanes still to add.

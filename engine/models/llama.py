@@ -11,7 +11,7 @@ from engine.kernels import rms_norm
 from engine.models.attention_metadata import AttentionGroup, AttentionMetadata
 from engine.models.fused_kernels import for_device_type
 from engine.models.merged_linear import MergedLinear
-from engine.models.prompt_tiles import MatmulRows
+from engine.models.prompt_tiles import MatmulRows, PromptTiles, can_mlp_in_tiles, mlp_in_tiles
 from engine.models.quant_linear import MergedQuantLinear, QuantizedWeight, QuantLinear, merged
 from engine.models.rope import RotaryEmbedding
 
@@ -174,12 +174,29 @@ class MLP(nn.Module):
         """gate and up in one matmul, in place of the two (`merge_projections`)."""
 
     def forward(self, x: torch.Tensor, rows: MatmulRows | None = None) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]; ``rows``: as `linear` takes them."""
+        """x: [T, hidden] -> [T, hidden]; ``rows``: as `linear` takes them. Where the gate/up and down
+        projections have bfloat16 tiles, the rows they name go through both in bfloat16 (`mlp_in_tiles`)."""
+        tiles = self.prompt_tiles() if rows is not None else None
+        if rows is None or tiles is None:
+            return self._mlp(x, rows)
+        gate_up, down = tiles
+        return rows.compute(x, down.out_features, lambda part, in_tiles, out: mlp_in_tiles(gate_up, down, part, out) if in_tiles else self._mlp(part))
+
+    def _mlp(self, x: torch.Tensor, rows: MatmulRows | None = None) -> torch.Tensor:
+        """down(silu(gate) * up), each projection as `linear` computes it."""
         if self.gate_up_proj is not None:
             gate, up = linear(self.gate_up_proj, x, rows)
         else:
             gate, up = linear(self.gate_proj, x, rows), linear(self.up_proj, x, rows)
         return linear(self.down_proj, silu_mul(gate, up), rows)
+
+    def prompt_tiles(self) -> tuple[PromptTiles, PromptTiles] | None:
+        """The merged gate/up projection's tiles and the down projection's, where both have them and
+        `mlp_in_tiles` can take them."""
+        gate_up, down = self.gate_up_proj, self.down_proj
+        if not isinstance(gate_up, QuantLinear) or not isinstance(down, QuantLinear) or gate_up.prompt_tiles is None or down.prompt_tiles is None:
+            return None
+        return (gate_up.prompt_tiles, down.prompt_tiles) if can_mlp_in_tiles(down.in_features) else None
 
 
 def linear(module: nn.Module, x: torch.Tensor, rows: MatmulRows | None) -> torch.Tensor | tuple[torch.Tensor, ...]:

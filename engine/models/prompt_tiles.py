@@ -27,10 +27,13 @@ rounded to bfloat16: prompt tokens' keys, values and first logits move by bfloat
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from engine.kernels import silu_mul
 
 ROW_TILE = 128
 """The reference tile: the weight is prepacked for it, and a weight uses another size only where it gives these bits."""
@@ -94,6 +97,19 @@ class MatmulRows:
                 groups.append(RowGroup(tiles, slice(first, end) if end - first == len(indices) else indices))
         return MatmulRows(tuple(groups))
 
+    def compute(self, x: torch.Tensor, out_features: int, compute: Callable[[torch.Tensor, bool, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+        """x: [T, in] -> [T, out_features], each group's rows by ``compute(rows_x, tiles, out)``, which
+        returns its result, written into ``out`` where it is given (a view of the whole result)."""
+        if len(self.groups) == 1:  # every row alike: no split
+            return compute(x, self.groups[0].tiles, None)
+        out = x.new_empty(x.shape[0], out_features)
+        for group in self.groups:
+            if group.tiles and isinstance(group.rows, slice):
+                compute(x[group.rows], True, out[group.rows])
+            else:
+                out[group.rows] = compute(x[group.rows], group.tiles, None)
+        return out
+
 
 class PromptTiles:
     """``x @ W.T`` in bfloat16 tiles, W prepacked once, of the sizes that give `ROW_TILE`'s bits (see the module)."""
@@ -112,15 +128,47 @@ class PromptTiles:
     def in_tiles(self, x: torch.Tensor, plan: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T, one oneDNN call per tile of ``plan`` (sizes covering x's rows; the last padded with zeros)."""
         num_rows = x.shape[0]
-        tiles_in = x.new_zeros(sum(plan), self.in_features, dtype=torch.bfloat16)
-        tiles_in[:num_rows].copy_(x)
         out = x.new_empty(num_rows, self.out_features) if out is None else out
+        for start, tile_out in self.tile_outputs(padded(x, sum(plan)), plan):
+            out[start : start + len(tile_out)] = tile_out[: num_rows - start]
+        return out
+
+    def tile_outputs(self, tiles_in: torch.Tensor, plan: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        """tiles_in: [sum(plan), K] bfloat16 -> (first row, [size, N] bfloat16) for each tile of ``plan``, in order."""
         start = 0
         for size in plan:
-            tile_out = torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + size], self.packed, None, "none", [], "")
-            out[start : start + size] = tile_out[: num_rows - start]
+            yield start, torch.ops.mkldnn._linear_pointwise(tiles_in[start : start + size], self.packed, None, "none", [], "")
             start += size
-        return out
+
+
+def padded(x: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """x: [R, K] -> [num_rows, K] bfloat16 (num_rows >= R): x's rows rounded, then zeros."""
+    tiles_in = x.new_empty(num_rows, x.shape[1], dtype=torch.bfloat16)
+    tiles_in[: x.shape[0]].copy_(x)
+    tiles_in[x.shape[0] :].zero_()
+    return tiles_in
+
+
+def can_mlp_in_tiles(intermediate_size: int) -> bool:
+    """Whether `mlp_in_tiles` takes an MLP of ``intermediate_size``: the activation kernel built, its columns whole vectors."""
+    return intermediate_size % silu_mul.LANES == 0 and silu_mul.load() is not None
+
+
+def mlp_in_tiles(gate_up: PromptTiles, down: PromptTiles, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [R, hidden] float32 -> down(silu(gate) * up) [R, hidden] float32 (into ``out`` if given),
+    gate_up: [2I, hidden] tiles (gate rows, then up), down: [hidden, I]. The activation goes from the
+    gate/up tiles to the down tiles in bfloat16, in one kernel pass (`engine.kernels.silu_mul`): each
+    value computed in float32 and rounded once, as the down tiles would round it."""
+    num_rows = x.shape[0]
+    gate_up_plan, down_plan = tile_plan(num_rows, gate_up.tile_sizes), tile_plan(num_rows, down.tile_sizes)
+    activations = x.new_empty(max(sum(gate_up_plan), sum(down_plan)), down.in_features, dtype=torch.bfloat16)
+    for start, tile_out in gate_up.tile_outputs(padded(x, sum(gate_up_plan)), gate_up_plan):
+        silu_mul.silu_mul_bf16(tile_out, activations[start : start + len(tile_out)])
+    activations[sum(gate_up_plan) :].zero_()
+    out = x.new_empty(num_rows, down.out_features) if out is None else out
+    for start, tile_out in down.tile_outputs(activations, down_plan):
+        out[start : start + len(tile_out)] = tile_out[: num_rows - start]
+    return out
 
 
 @functools.cache

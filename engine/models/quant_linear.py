@@ -101,15 +101,8 @@ class QuantLinear(nn.Module):
         """x: [T, in] float32 -> [T, out]; ``rows``: which rows take the bfloat16 tiles, if the layer has them."""
         if rows is None or self.prompt_tiles is None:
             out = self.weight_blocks.matmul(x)
-        elif len(rows.groups) == 1:  # every row alike: no split
-            out = self._matmul(x, rows.groups[0].tiles)
         else:
-            out = x.new_empty(x.shape[0], self.out_features)
-            for group in rows.groups:
-                if group.tiles and isinstance(group.rows, slice):
-                    self._matmul(x[group.rows], group.tiles, out=out[group.rows])
-                else:
-                    out[group.rows] = self._matmul(x[group.rows], group.tiles)
+            out = rows.compute(x, self.out_features, self._matmul)
         return out if self.bias is None else out + self.bias
 
     def _matmul(self, x: torch.Tensor, tiles: bool, out: torch.Tensor | None = None) -> torch.Tensor:
