@@ -35,7 +35,7 @@ inline void narrow(f32v v, uint16_t* p) {
 
 inline f32v silu_times(f32v gate, f32v up) {
   const f32v e = exp_nonpositive(gate < splat(0.0f) ? gate : -gate);  // exp(-|gate|), in (0, 1]
-  const f32v logistic = gate < splat(0.0f) ? e / (splat(1.0f) + e) : splat(1.0f) / (splat(1.0f) + e);
+  const f32v logistic = (gate < splat(0.0f) ? e : splat(1.0f)) / (splat(1.0f) + e);  // one division: e/(1+e) or 1/(1+e)
   return gate * logistic * up;
 }
 
