@@ -180,7 +180,11 @@ class MLP(nn.Module):
         if rows is None or tiles is None:
             return self._mlp(x, rows)
         gate_up, down = tiles
-        return rows.compute(x, down.out_features, lambda part, in_tiles, out: mlp_in_tiles(gate_up, down, part, out) if in_tiles else self._mlp(part))
+
+        def compute(part: torch.Tensor, in_tiles: bool, out: torch.Tensor | None) -> torch.Tensor:
+            return mlp_in_tiles(gate_up, down, part, out) if in_tiles else self._mlp(part)
+
+        return rows.compute(x, down.out_features, compute)
 
     def _mlp(self, x: torch.Tensor, rows: MatmulRows | None = None) -> torch.Tensor:
         """down(silu(gate) * up), each projection as `linear` computes it."""

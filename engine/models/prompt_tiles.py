@@ -127,9 +127,13 @@ class PromptTiles:
 
     def in_tiles(self, x: torch.Tensor, plan: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W.T, one oneDNN call per tile of ``plan`` (sizes covering x's rows; the last padded with zeros)."""
-        num_rows = x.shape[0]
-        out = x.new_empty(num_rows, self.out_features) if out is None else out
-        for start, tile_out in self.tile_outputs(padded(x, sum(plan)), plan):
+        return self.from_padded(padded(x, sum(plan)), plan, x.shape[0], out)
+
+    def from_padded(self, tiles_in: torch.Tensor, plan: list[int], num_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """tiles_in: [>= sum(plan), K] bfloat16, its first ``num_rows`` rows the input -> [num_rows, N]
+        float32 (written into ``out`` if given), one oneDNN call per tile of ``plan``."""
+        out = tiles_in.new_empty(num_rows, self.out_features, dtype=torch.float32) if out is None else out
+        for start, tile_out in self.tile_outputs(tiles_in, plan):
             out[start : start + len(tile_out)] = tile_out[: num_rows - start]
         return out
 
@@ -165,10 +169,7 @@ def mlp_in_tiles(gate_up: PromptTiles, down: PromptTiles, x: torch.Tensor, out: 
     for start, tile_out in gate_up.tile_outputs(padded(x, sum(gate_up_plan)), gate_up_plan):
         silu_mul.silu_mul_bf16(tile_out, activations[start : start + len(tile_out)])
     activations[sum(gate_up_plan) :].zero_()
-    out = x.new_empty(num_rows, down.out_features) if out is None else out
-    for start, tile_out in down.tile_outputs(activations, down_plan):
-        out[start : start + len(tile_out)] = tile_out[: num_rows - start]
-    return out
+    return down.from_padded(activations, down_plan, num_rows, out)
 
 
 @functools.cache
