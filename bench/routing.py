@@ -1,17 +1,17 @@
 """Routing by prefix against least-loaded: time to first token and prefix-cache hit rate on several engines.
 
-``python -m bench.routing [--quick] [--slacks 4 ...] [--workloads ...] [--rounds 1] [--duration-s 15] [--app-option KEY=VALUE ...] [--out PATH]``
+``python -m bench.routing [--quick] [--model M] [--clients N] [--slacks 4 ...] [--workloads ...] [--rounds 1] [--duration-s 15] [--warmup-s 5] [--app-option KEY=VALUE ...] [--out PATH]``
 
 Starts Ray on loopback and, for each workload of `bench.lib.prefix_workloads` and each routing
 variant (``engine_routing=least_loaded``, and ``prefix`` with each ``engine_routing_load_slack`` of
-``--slacks``), deploys the app afresh (``tiny-random``, `NUM_ENGINES` engines of one torch thread
+``--slacks``), deploys the app afresh (``--model``, ``tiny-random`` by default, `NUM_ENGINES` engines of one torch thread
 each, so every unit starts with cold caches) and runs `Scale.clients` closed-loop clients, each
 sending a streamed completion of a token-id prompt (greedy, ``ignore_eos``, `MAX_TOKENS` tokens) as
 soon as its last one ended. The variants take turns in an order that alternates from workload to
 workload and round to round, so that a drift in the machine's load does not favour one. Each
 engine's KV cache holds `Scale.cached_prefixes` of the long prefixes: fewer than ``many_prefixes``
-has, more than its share of them under prefix routing. A unit warms up for `WARMUP_S` (caches
-fill) and is measured for ``--duration-s``: the requests sent in that window, and the engines'
+has, more than its share of them under prefix routing (`Scale.kv_cache_memory`, from the model's
+block size in bytes). A unit warms up for ``--warmup-s`` (caches fill) and is measured for ``--duration-s``: the requests sent in that window, and the engines'
 prefix-cache counters (``spout:prefix_cache_queries_total`` and ``spout:prefix_cache_hits_total``
 on the app's /metrics) and the ingress's ``spout:engine_routing_total`` over it. Every variant sees
 the same prompts.
@@ -22,7 +22,9 @@ engines found cached over those they looked up), ``tokens_per_s`` (output), ``pr
 ``failed``, ``engine_shares`` (each engine's part of the prompt tokens), ``placements``; then the
 goal's ratios (``least_loaded`` over ``prefix`` TTFT p50 per workload, at each slack). The machine
 has 2 cores for 4 engines, the ingress, Ray and the client: every figure moves with its load,
-recorded per unit.
+recorded per unit. tiny-random's prefill is so cheap that a cache hit saves little of a request's
+time here; ``--model smollm2-135m-instruct`` (the default model, its prompt tokens in the bfloat16
+tiles) measures the same policies where a 1,024-token prefix costs what it does on a real model.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.lib.common import print_table, quietness, write_results
@@ -46,13 +49,18 @@ from bench.serve_load import HOST, MAIN_PROXY, warm_up
 from deployments import build_app
 from deployments.config import ServeArgs
 from deployments.engine_routing import Placement, RoutingPolicy
+from engine.config import EngineConfig
+from engine.kv.kv_cache import bytes_per_block
+from engine.loader.checkpoint import load_checkpoint
 
 MODEL = "tiny-random"
+"""The default ``--model``."""
 NUM_ENGINES = 4
-BLOCK_BYTES = 8192
-"""tiny-random's keys and values for one block of 16 positions (2 layers, 2 KV heads of 16, float32)."""
+BLOCK_SIZE = EngineConfig.block_size
+"""The engines' KV block size (positions), the default."""
 MAX_TOKENS = 8
 WARMUP_S = 5.0
+"""The default ``--warmup-s``."""
 TIMEOUT_S = 120
 
 
@@ -66,9 +74,10 @@ class Scale:
     clients: int
     duration_s: float
 
-    def kv_cache_memory(self) -> int:
-        blocks_per_prefix = -(-(self.shape.prefix_tokens + self.shape.suffix_tokens + MAX_TOKENS) // 16)
-        return self.cached_prefixes * blocks_per_prefix * BLOCK_BYTES
+    def kv_cache_memory(self, block_bytes: int) -> int:
+        """Bytes for `cached_prefixes` whole prompts and outputs, at ``block_bytes`` a block of `BLOCK_SIZE` positions."""
+        blocks_per_prefix = -(-(self.shape.prefix_tokens + self.shape.suffix_tokens + MAX_TOKENS) // BLOCK_SIZE)
+        return self.cached_prefixes * blocks_per_prefix * block_bytes
 
 
 FULL = Scale(PromptShape(prefix_tokens=1024, suffix_tokens=16, num_prefixes=48), cached_prefixes=24, clients=32, duration_s=15.0)
@@ -108,7 +117,7 @@ class Window:
         self.load_averages += other.load_averages
 
 
-async def drive(port: int, source: PromptSource, clients: int, warmup_s: float, duration_s: float) -> Window:
+async def drive(port: int, model: str, source: PromptSource, clients: int, warmup_s: float, duration_s: float) -> Window:
     """``clients`` closed-loop clients for ``warmup_s + duration_s``; the window's results, and the
     counters' change from its start to its end (after the last request sent in it ended)."""
     loop = asyncio.get_running_loop()
@@ -121,7 +130,7 @@ async def drive(port: int, source: PromptSource, clients: int, warmup_s: float, 
         rng = random.Random(f"{source.workload}-{index}")
         while (sent := loop.time()) < window_end:
             prompt = source.next(rng)
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+            body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
             result = await stream_one(HOST, port, body | {"stream": True, "stream_options": {"include_usage": True}})
             if sent >= window_start:
                 window.results.append(result)
@@ -177,34 +186,37 @@ def row_of(variant: Variant, workload: WorkloadName, window: Window) -> dict[str
 
 
 def run_units(
-    scale: Scale, workloads: list[WorkloadName], variants: list[Variant], rounds: int, more: dict[str, str]
+    options: dict[str, object], scale: Scale, workloads: list[WorkloadName], variants: list[Variant], rounds: int, warmup_s: float
 ) -> dict[tuple[Variant, WorkloadName], Window]:
-    """Every (workload, variant) unit ``rounds`` times, each on a fresh app; the windows pooled per unit."""
-    header = chat_header(MODEL)
+    """Every (workload, variant) unit ``rounds`` times, each on a fresh app of ``options``; the windows pooled per unit."""
+    model = str(options["model"])
+    header = chat_header(model)
     pooled: dict[tuple[Variant, WorkloadName], Window] = {}
     with ServeCluster(MAIN_PROXY) as cluster:
         for round_index in range(rounds):
             for workload_index, workload in enumerate(workloads):
                 order = variants if (round_index + workload_index) % 2 == 0 else variants[::-1]
                 for variant in order:
-                    port = cluster.deploy(build_app(app_options(scale) | variant.options() | more), "spout")
-                    warm_up(port, MODEL)
+                    port = cluster.deploy(build_app(options | variant.options()), "spout")
+                    warm_up(port, model)
                     source = PromptSource(workload, scale.shape, header, seed=workload_index)
-                    window = asyncio.run(drive(port, source, scale.clients, WARMUP_S, scale.duration_s))
+                    window = asyncio.run(drive(port, model, source, scale.clients, warmup_s, scale.duration_s))
                     cluster.delete("spout")
                     print_table([row_of(variant, workload, window) | {"round": round_index}])
                     pooled.setdefault((variant, workload), Window()).add(window)
     return pooled
 
 
-def app_options(scale: Scale) -> dict[str, object]:
+def app_options(model: str, scale: Scale) -> dict[str, object]:
+    """Every unit's app: ``model`` on `NUM_ENGINES` engines whose caches hold ``scale``'s `Scale.cached_prefixes`."""
+    block_bytes = bytes_per_block(load_checkpoint(model).config, BLOCK_SIZE, torch.float32)
     return {
-        "model": MODEL,
+        "model": model,
         "num_engines": NUM_ENGINES,
         "engine_cpu_threads": 1,
         "max_num_seqs": 64,
         "max_model_len": 2048,
-        "kv_cache_memory": scale.kv_cache_memory(),
+        "kv_cache_memory": scale.kv_cache_memory(block_bytes),
     }
 
 
@@ -226,6 +238,9 @@ def ratios(rows: list[dict[str, object]]) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small prompts, few clients, short windows")
+    parser.add_argument("--model", default=MODEL, help="the engines' model (default tiny-random)")
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="each unit's warm-up before its window (caches fill)")
+    parser.add_argument("--clients", type=int, help="closed-loop clients (default the scale's)")
     default_slack = ServeArgs.model_fields["engine_routing_load_slack"].default
     parser.add_argument("--slacks", nargs="+", type=int, default=[default_slack], help="engine_routing_load_slack values of the prefix policy")
     parser.add_argument("--no-least-loaded", action="store_true", help="only the prefix policy")
@@ -237,14 +252,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     more = dict(option.split("=", 1) for option in args.app_option)
     scale = QUICK if args.quick else FULL
-    if args.duration_s is not None:
-        scale = Scale(scale.shape, scale.cached_prefixes, scale.clients, args.duration_s)
+    scale = Scale(scale.shape, scale.cached_prefixes, args.clients or scale.clients, args.duration_s or scale.duration_s)
     variants = [Variant(RoutingPolicy.PREFIX, slack) for slack in args.slacks]
     if not args.no_least_loaded:
         variants.append(Variant(RoutingPolicy.LEAST_LOADED))
     load_before = os.getloadavg()[0]
     workloads = [WorkloadName(w) for w in args.workloads]
-    pooled = run_units(scale, workloads, variants, args.rounds, more)
+    options = app_options(args.model, scale) | more
+    pooled = run_units(options, scale, workloads, variants, args.rounds, args.warmup_s)
     rows = [row_of(variant, workload, pooled[variant, workload]) for workload in workloads for variant in variants]
     print_table(rows)
     goal = ratios(rows)
@@ -252,12 +267,12 @@ def main(argv: list[str] | None = None) -> None:
     extra = {
         **quietness(load_before),
         "load_average_after": round(os.getloadavg()[0], 2),
-        "model": MODEL,
+        "model": args.model,
         "num_engines": NUM_ENGINES,
         "rounds": args.rounds,
-        "scale": asdict(scale) | {"kv_cache_memory": scale.kv_cache_memory(), "max_tokens": MAX_TOKENS, "warmup_s": WARMUP_S},
-        "app_options": app_options(scale) | more,
-        "chat_header_tokens": len(chat_header(MODEL)),
+        "scale": asdict(scale) | {"kv_cache_memory": options["kv_cache_memory"], "max_tokens": MAX_TOKENS, "warmup_s": args.warmup_s},
+        "app_options": options,
+        "chat_header_tokens": len(chat_header(args.model)),
         "ratios": goal,
     }
     default_out = Path(__file__).resolve().parent / "results" / "routing_quick.json" if args.quick else None
