@@ -24,6 +24,7 @@ machine do not collide.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 
@@ -133,6 +135,35 @@ class ServeCluster:
         serve.delete(name)
         kill_engines(name)  # detached: they outlive the app's replicas
         time.sleep(2)
+
+
+def serialize_request_routers_one_at_a_time() -> None:
+    """Make Serve's request-router serialization in this process one thread at a time.
+
+    Ray Serve 2.60 builds every deployment config's request router by registering the router's
+    module in cloudpickle's process-wide pickle-by-value set, pickling, and unregistering it
+    (`RequestRouterConfig._serialize_request_router_cls`), with no lock: two threads of one
+    process that build configs at once (a test's ``build_app`` beside a `ReplicaWatcher` polling
+    ``serve.status()``) can unregister the module twice, and the second raises "... is not
+    registered for pickle by value" (tests/deployments/test_ingress_scaling.py failed so once in
+    ``make test``; 4 threads building 300 configs each raised 3 times, none under the lock). The
+    benchmarks' and tests' driver processes run such threads, so this module's import wraps the
+    method in one lock; where Ray no longer has the method, nothing is changed."""
+    original = getattr(RequestRouterConfig, "_serialize_request_router_cls", None)
+    if original is None or getattr(original, "one_at_a_time", False):
+        return
+    lock = threading.Lock()
+
+    @functools.wraps(original)
+    def one_at_a_time(self: RequestRouterConfig) -> None:
+        with lock:
+            original(self)
+
+    one_at_a_time.one_at_a_time = True  # type: ignore[attr-defined]
+    RequestRouterConfig._serialize_request_router_cls = one_at_a_time  # type: ignore[method-assign]
+
+
+serialize_request_routers_one_at_a_time()
 
 
 @dataclass
