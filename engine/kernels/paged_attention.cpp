@@ -155,9 +155,10 @@ void decode(const torch::Tensor& q, const torch::Tensor& key_cache, const torch:
   parallel_chunks(B * KVH, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<int64_t> rows;
+    int64_t rows_of = -1;  // the sequence `rows` holds: a sequence's kv heads are consecutive items and share them
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / KVH, kv_head = item % KVH, L = len_data[b];
-      position_rows(table_data + b * N, L, block_size, KVH * D, rows);
+      if (b != rows_of) position_rows(table_data + b * N, L, block_size, KVH * D, rows), rows_of = b;
       const float* keys = k_data + kv_head * D;
       const float* values = v_data + kv_head * D;
       const int64_t head = kv_head * G * D;  // the item's G query heads are consecutive
