@@ -34,6 +34,7 @@ from ray.actor import ActorProxy
 
 from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod
 from deployments.output_columns import from_columns, to_columns
+from deployments.startup_heap import freeze_startup_heap
 from deployments.step_credits import StepCredits
 from engine.config import EngineConfig
 from engine.core import EngineCore, InvalidRequestError
@@ -148,6 +149,7 @@ class EngineActor:
         self.thread = threading.Thread(target=self._run, args=(config, loaded), name="engine-loop", daemon=True)
         self.thread.start()
         self.engine = loaded.result()  # what loading raised, raised here
+        freeze_startup_heap()
 
     def _load(self, config: EngineConfig) -> EngineCore:
         """The engine this actor runs (`bench.lib.synthetic_engine` overrides it with a model-free one)."""

@@ -47,6 +47,7 @@ from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_ou
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
 from deployments.prompt_encoder import PromptEncoder
+from deployments.startup_heap import freeze_startup_heap
 from deployments.token_routes import TokenRoutes
 from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
 from detok import AnswerRules
@@ -102,6 +103,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.trust_local_proxy = behind_haproxy()
         self.local_addresses = local_addresses()
         self.tracer = tracer_from_environment(os.environ)
+        freeze_startup_heap()
 
     def __del__(self) -> None:
         """Serve calls this when the replica stops: when the application is being deleted (or Serve
