@@ -10,7 +10,6 @@ from ray.serve.config import AutoscalingContext
 from ray.serve.handle import DeploymentHandle
 from tokenizers import Tokenizer
 
-from deployments.startup_heap import freeze_startup_heap
 from detok import DetokItem, DetokResult, detokenize_batch
 from engine.loader.model_files import load_tokenizer
 
@@ -28,7 +27,6 @@ class Detokenizer:
         self.tokenizer = load_tokenizer(model).tokenizer
         detokenize_batch(self.tokenizer, ())  # builds the tokenizer's tables now, not in a request
         self.widest_fanout = 0
-        freeze_startup_heap()
 
     def detokenize(self, items: list[DetokItem], fanout: int = 1) -> list[DetokResult]:
         """``fanout``: the number of pool calls this call's engine step was split into."""
