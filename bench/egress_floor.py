@@ -7,13 +7,17 @@
   simulated 30 ms step and sends one frame of the ingress's size through Starlette's
   ``StreamingResponse``; its CPU per frame, read from /proc. The reference.
 - ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
+- ``replica_server_event_stream``: the same app (`EventStream`) on Spout's own HTTP server
+  (`deployments.http_server`, what ``http_front=replica`` serves with) instead of uvicorn.
 - ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
   Ray: each step's `EngineOutput`s polled over a real engine channel on loopback (both of its
   ends in this process), `OutputRouter._route` on them (inline detok, stop and delivery),
   then each stream's `EngineClient.stream` through `EventStream` to a send that does
   nothing; CPU per token of this process.
 
-What the ingress costs above the sum (``bench.serve_load``'s ``cpu_us_ingress``, one
+Each measured process freezes its start-up heap first (`deployments.startup_heap`), as Serve's
+replicas and vLLM's API server do: else a full collection of torch's objects lands in a window now
+and then, 6 µs a frame or more. What the ingress costs above the sum (``bench.serve_load``'s ``cpu_us_ingress``, one
 frame per token) is Serve's and Ray's: per-request handling, the ASGI wrappers around
 each send, and receiving the engine's messages. Rows go to bench/results/egress_floor.json.
 """
@@ -27,6 +31,7 @@ import time
 from collections.abc import Awaitable
 
 import uvicorn
+import uvloop
 from starlette.responses import StreamingResponse
 
 from bench.lib.common import print_table, write_results
@@ -37,11 +42,13 @@ from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
 from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod
 from deployments.engine_client import EngineClient, Submission
+from deployments.http_server import HttpServer
 from deployments.metrics import IngressMetrics
 from deployments.openai.event_stream import EventStream
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
+from deployments.startup_heap import freeze_startup_heap
 from deployments.streams import ChoiceStream, Mailbox
 from detok import initial_state
 from engine.loader.model_files import load_tokenizer
@@ -58,6 +65,7 @@ LAST_FRAME = FORMAT.chunk_frame([FORMAT.chunk_choice(0, " word", "length", None)
 def bare_app(response: str, frames: int):
     """An ASGI app streaming ``frames`` frames per request, one per step to every stream."""
     wakeups: set[asyncio.Event] = set()
+    tickers: list[asyncio.Task[None]] = []
 
     async def ticker() -> None:
         while True:
@@ -78,11 +86,12 @@ def bare_app(response: str, frames: int):
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             await receive()
-            asyncio.get_running_loop().create_task(ticker())
             await send({"type": "lifespan.startup.complete"})
             await receive()
             await send({"type": "lifespan.shutdown.complete"})
             return
+        if not tickers:  # the first request starts the steps
+            tickers.append(asyncio.get_running_loop().create_task(ticker()))
         while (await receive()).get("more_body"):
             pass
         wakeup = asyncio.Event()
@@ -96,8 +105,19 @@ def bare_app(response: str, frames: int):
     return app
 
 
-def _serve(port: int, response: str, frames: int) -> None:
-    uvicorn.run(bare_app(response, frames), host=HOST, port=port, log_level="warning", loop="uvloop", http="httptools")
+def _serve(port: int, server: str, response: str, frames: int) -> None:
+    app = bare_app(response, frames)
+    freeze_startup_heap()  # as Serve does for a replica, and vLLM for its API server
+    if server == "uvicorn":
+        uvicorn.run(app, host=HOST, port=port, log_level="warning", loop="uvloop", http="httptools")
+        return
+    uvloop.install()
+
+    async def serve() -> None:
+        await HttpServer(app).start(HOST, port)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
 
 
 def process_cpu_s(pid: int) -> float:
@@ -106,16 +126,17 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
-def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
+def measure_server(server_kind: str, response: str, streams: int, frames: int) -> dict:
+    """``server_kind`` (``uvicorn`` or ``replica_server``) serving `bare_app` in a child process: its CPU per frame."""
     port = free_port()
-    server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, response, frames), daemon=True)
+    server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, server_kind, response, frames), daemon=True)
     server.start()
     try:
         body = {"model": "tiny-random", "prompt": "hi"}
         deadline = time.monotonic() + 60
         while not any(not r.failed for r in asyncio.run(run_streams(HOST, port, [body] * 4, 60))[0]):  # up and warm
             if time.monotonic() > deadline:
-                raise RuntimeError("the bare server did not answer")
+                raise RuntimeError(f"the bare {server_kind} server did not answer")
             time.sleep(0.5)
         before = process_cpu_s(server.pid)
         results, _ = asyncio.run(run_streams(HOST, port, [body] * streams, 300))
@@ -124,7 +145,7 @@ def measure_uvicorn(response: str, streams: int, frames: int) -> dict:
         server.kill()
     sent = sum(r.frames for r in results)
     return {
-        "path": f"uvicorn_{response}",
+        "path": f"{server_kind}_{response}",
         "streams": streams,
         "units": sent,
         "failed_streams": sum(r.failed for r in results),
@@ -176,6 +197,7 @@ async def _spout_code(streams: int, frames: int) -> dict:
         await asyncio.Event().wait()
         return {}
 
+    freeze_startup_heap()  # as Serve does for a replica once it has started
     started = time.process_time()
     client = EngineClient([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics("tiny-random", "bench"))  # its router starts polling at once
     responses = []
@@ -198,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 frames per stream instead of 64")
     args = parser.parse_args(argv)
     streams, frames = 256, 16 if args.quick else 64
-    rows = [measure_uvicorn(response, streams, frames) for response in ("streaming_response", "event_stream")]
+    servers = [("uvicorn", "streaming_response"), ("uvicorn", "event_stream"), ("replica_server", "event_stream")]
+    rows = [measure_server(server, response, streams, frames) for server, response in servers]
     rows.append(asyncio.run(_spout_code(streams, frames)))
     print_table(rows)
     print(f"wrote {write_results('egress_floor', rows, quick=args.quick)}")

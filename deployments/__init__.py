@@ -3,7 +3,8 @@
 A request's path, and a token's, through this package (the OpenAI wire format it speaks,
 with no Ray, is the `deployments.openai` package):
 
-1. `ingress.Ingress` (a Serve replica) reads the body within its limits (`openai.request_body`),
+1. `ingress.Ingress` (a Serve replica, reached through Serve's HTTP path, or with ``http_front=replica``
+   through its own `http_server.HttpServer`) reads the body within its limits (`openai.request_body`),
    checks the key (`auth`), validates it (`openai.protocol`), checks every costly field against
    the operator's `limits.RequestLimits`, and encodes the prompt on a worker (`prompt_encoder`).
 2. `engine_client.EngineClient.submit` (the replica's client of the engines) tokenizes the

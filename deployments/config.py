@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from deployments.engine_routing import EngineRouting, RoutingPolicy
+from deployments.http_server import ServerLimits
 from deployments.launch import API_KEY_ENV
 from deployments.limits import RequestLimits
 from deployments.openai.reasoning import REASONING_PARSERS, ReasoningParser
@@ -123,6 +124,18 @@ class ServeArgs(RequestLimits):
     )
     ingress_upscale_delay_s: float = Field(10.0, ge=0, description="Seconds the ingress waits above its target before adding a replica.")
     ingress_downscale_delay_s: float = Field(120.0, ge=0, description="Seconds the ingress waits below its target before removing a replica.")
+    http_front: Literal["serve", "replica"] = Field(
+        "serve",
+        description="serve: Serve's HTTP path on Serve's port (HAProxy in front of the replicas' own uvicorn servers on the fast path); "
+        "replica: each ingress replica serves http_host:http_port itself (Spout's HTTP/1.1 server, SO_REUSEPORT among a node's "
+        "replicas), no HAProxy on the path, a fixed replica count (ingress_min_replicas = ingress_max_replicas), the app at '/'.",
+    )
+    http_host: str = Field("127.0.0.1", description="With http_front=replica: the address each ingress replica listens on.")
+    http_port: int = Field(8000, ge=1, le=65535, description="With http_front=replica: the port each ingress replica listens on (shared).")
+    http_head_timeout_s: float = Field(
+        10.0, gt=0, description="With http_front=replica: a request's head must arrive whole within this long of its connection going idle."
+    )
+    http_max_connections: int = Field(10_000, ge=1, description="With http_front=replica: open connections per ingress replica; more are closed at once.")
     replica_drain_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -224,6 +237,18 @@ class ServeArgs(RequestLimits):
             if low > high:
                 raise ValueError(f"{kind}_min_replicas ({low}) must be at most {kind}_max_replicas ({high})")
         return self
+
+    @model_validator(mode="after")
+    def _replica_front_has_fixed_replicas(self) -> ServeArgs:
+        if self.http_front == "replica" and self.ingress_min_replicas != self.ingress_max_replicas:
+            raise ValueError(
+                "http_front=replica takes a fixed count of ingress replicas (ingress_min_replicas = ingress_max_replicas): Serve's "
+                "autoscaling counts the requests that come through Serve, and none do"
+            )
+        return self
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(head_timeout_s=self.http_head_timeout_s, max_connections=self.http_max_connections)
 
     @model_validator(mode="after")
     def _client_share_within_the_engine(self) -> ServeArgs:

@@ -34,6 +34,7 @@ APP_NAME = "spout"
 READY_TIMEOUT_S = 900.0  # loading the model
 CONTROLLER = ("SERVE_CONTROLLER_ACTOR", "serve")
 LAUNCHER_CHECK_S = 1.0
+DRAIN_POLL_S = 0.2
 
 
 def direct_ingress_ports(app_name: str, serve_port: int) -> list[int]:
@@ -75,27 +76,60 @@ def wait_while_launcher_runs() -> None:
         time.sleep(LAUNCHER_CHECK_S)
 
 
-def serve_app(app: Application, host: str, port: int) -> None:
-    serve.start(http_options={"host": host, "port": port})
+def replica_front_options(options: dict[str, str], host: str, port: int) -> dict[str, str]:
+    """``options`` with the launcher's address as the replicas' own when they serve HTTP themselves."""
+    if options.get("http_front") != "replica":
+        return options
+    for key, value in (("http_host", host), ("http_port", str(port))):
+        if key in options and options[key] != value:
+            raise SystemExit(f"{key}={options[key]} differs from the launcher's address {host}:{port}: give the address with --host/--port")
+    return {**options, "http_host": host, "http_port": str(port)}
+
+
+def serve_app(app: Application, host: str, port: int, replica_front: bool) -> None:
+    """Deploys ``app`` and waits until it answers on ``host:port``: through HAProxy, or, with
+    ``replica_front``, on the replicas' own servers, Serve's proxies off (no HAProxy, no proxy actor)."""
+    if replica_front:
+        serve.start(proxy_location="Disabled")
+    else:
+        serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     base_url = f"http://{host}:{port}"
     wait_until_healthy(base_url, READY_TIMEOUT_S)
+    if replica_front:
+        print(f"Spout serves on {base_url}/v1 (each ingress replica listens there itself)", flush=True)
+        return
     ports = direct_ingress_ports(APP_NAME, port)
     print(f"Spout serves on {base_url}/v1 (HAProxy on port {port} in front of the ingress replicas' own ports {ports})", flush=True)
 
 
+def drain_replicas(timeout_s: float) -> None:
+    """Delete the app, so that each ingress replica's own server (``http_front=replica``) takes no new
+    connection and lets its streams end (`Ingress.__del__`); return once it is gone or after ``timeout_s``."""
+    serve.delete(APP_NAME, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and APP_NAME in serve.status().applications:
+        time.sleep(DRAIN_POLL_S)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    app = build_app(options_with_api_key(args.options, os.environ))  # invalid options fail here, before Ray starts
+    options = replica_front_options(options_with_api_key(args.options, os.environ), args.host, args.port)
+    app = build_app(options)  # invalid options fail here, before Ray starts
     ray.init(address="local")  # a cluster of its own, never one that ``ray start`` left running
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # after ray.init, which installs a handler that aborts
+    replica_front = options.get("http_front") == "replica"
+    serving = False
     try:
-        serve_app(app, args.host, args.port)
+        serve_app(app, args.host, args.port, replica_front)
+        serving = True
         wait_while_launcher_runs()
     finally:
         # Stopping now: the launcher's SIGTERM (it sees the raylet end) must not replace an error on
         # its way out with a silent SystemExit(0).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if serving and replica_front and args.drain_timeout_s > 0:
+            drain_replicas(args.drain_timeout_s)
         ray.shutdown()
 
 

@@ -14,6 +14,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ApplicationStatus
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from deployments.agent_apis import AgentAPIs, Answer
 from deployments.anthropic.errors import MESSAGES_PATH
@@ -24,6 +25,7 @@ from deployments.detok_pool import DetokClient, Detokenizer
 from deployments.engine_client import EngineClient
 from deployments.engine_placement import engine_handles, kill_engines
 from deployments.health import SharedCheck
+from deployments.http_server import HttpServer, listening_socket
 from deployments.in_flight import ChoiceReservations, Reservation
 from deployments.limits import (
     check_context_length,
@@ -47,7 +49,6 @@ from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_ou
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
 from deployments.prompt_encoder import PromptEncoder
-from deployments.startup_heap import freeze_startup_heap
 from deployments.token_routes import TokenRoutes
 from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
 from detok import AnswerRules
@@ -103,12 +104,25 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.trust_local_proxy = behind_haproxy()
         self.local_addresses = local_addresses()
         self.tracer = tracer_from_environment(os.environ)
-        freeze_startup_heap()
+        self.http_server: HttpServer | None = None
+        if self.args.http_front == "replica":  # the port is taken here, so that a held one fails the replica's start
+            self.trust_local_proxy = False
+            self.http_server = HttpServer(self.asgi, self.args.server_limits())
+            sock = listening_socket(self.args.http_host, self.args.http_port)
+            self.http_serving = asyncio.get_running_loop().create_task(self.http_server.serve(sock), context=contextvars.Context())
 
-    def __del__(self) -> None:
-        """Serve calls this when the replica stops: when the application is being deleted (or Serve
-        shuts down), its engines go with it; a replica that scales down or gives way to a redeploy
-        leaves them. Once only: Python calls it again when it collects the replica."""
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The replica as an ASGI app, for its own HTTP server (``http_front=replica``)."""
+        response = await self(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def __del__(self) -> None:
+        """Serve awaits this when the replica stops. Its own HTTP server (``http_front=replica``) takes no
+        new connection and lets the streams in flight end, for up to ``replica_drain_timeout_s``. When
+        the application is being deleted (or Serve shuts down), its engines go with it; a replica that
+        scales down or gives way to a redeploy leaves them."""
+        if self.http_server is not None:
+            await self.http_server.drain(self.args.replica_drain_timeout_s)
         app_name = self.__dict__.pop("app_name", None)
         if app_name is not None and not application_running(app_name):
             kill_engines(app_name)

@@ -7,8 +7,9 @@ and stops everything that carries the mark however it is told to stop:
 - SIGINT (Ctrl-C: the terminal's signal reaches only the launcher, the driver is in its own
   session), SIGTERM or SIGHUP: first the drain: HAProxy stops accepting connections and the
   requests it forwards (streams included) run to their end, for up to ``--drain-timeout-s``
-  (`DRAIN_TIMEOUT_S`; 0: no drain; `deployments.haproxy_admin`). Then the driver shuts Ray down
-  (up to `DRIVER_GRACE_S`), then whatever still carries the mark gets SIGTERM and,
+  (`DRAIN_TIMEOUT_S`; 0: no drain; `deployments.haproxy_admin`). With ``http_front=replica`` (no
+  HAProxy) the driver drains instead: it deletes the app, whose ingress replicas stop listening and
+  let their streams end. Then the driver shuts Ray down (up to `DRIVER_GRACE_S`), then whatever still carries the mark gets SIGTERM and,
   `processes.TERM_GRACE_S` later, SIGKILL. A second signal skips the drain and the wait for the driver.
 - The driver exits or Ray's GCS or raylet ends (``ray stop``, a crash): the same sweep, then the
   launcher exits with status 1.
@@ -125,9 +126,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def replica_front(args: LaunchArgs) -> bool:
+    """Whether the ingress replicas serve the launch's address themselves (``http_front=replica``): no HAProxy."""
+    return args.options.get("http_front") == "replica"
+
+
 def listening_ports(args: LaunchArgs) -> dict[int, str]:
     """The fixed ports a launch listens on (port -> the address it binds); the replicas' own
     ports and Ray's are chosen free when they start."""
+    if replica_front(args):
+        return {args.port: args.host}
     haproxy = {int(os.environ.get(name, default)): haproxy_front.LOCAL_HOST for name, default in HAPROXY_PORTS.items()}
     return haproxy | {args.port: args.host}
 
@@ -227,13 +235,14 @@ def watch(driver: subprocess.Popen, stops: StopSignals) -> str:
         time.sleep(WATCH_INTERVAL_S)
 
 
-def stop_driver(driver: subprocess.Popen, stops: StopSignals) -> None:
-    """SIGTERM the driver (it shuts Ray down) and wait up to `DRIVER_GRACE_S`, or until a second signal."""
+def stop_driver(driver: subprocess.Popen, stops: StopSignals, drain_timeout_s: float = 0.0) -> None:
+    """SIGTERM the driver (it drains the replicas' own servers for up to ``drain_timeout_s``, then shuts
+    Ray down) and wait up to that and `DRIVER_GRACE_S`, or until a second signal."""
     if driver.poll() is not None:
         return
     signals_before = stops.count
     driver.terminate()
-    deadline = time.monotonic() + DRIVER_GRACE_S
+    deadline = time.monotonic() + drain_timeout_s + DRIVER_GRACE_S
     while driver.poll() is None and time.monotonic() < deadline and stops.count == signals_before:
         time.sleep(0.1)
 
@@ -268,14 +277,20 @@ def haproxy_sockets(folder: str) -> list[str]:
     return sorted(glob.glob(os.path.join(os.path.dirname(given), "*", os.path.basename(given))))
 
 
-def shut_down(driver: subprocess.Popen, stops: StopSignals, reason: str, folder: str | None = None, drain_timeout_s: float = 0.0) -> None:
-    """Drain (on a stop signal, with the launch's ``folder``, where HAProxy's admin sockets are), stop
-    the driver, then end every process that still carries this launcher's mark."""
+def shut_down(
+    driver: subprocess.Popen, stops: StopSignals, reason: str, folder: str | None = None, drain_timeout_s: float = 0.0, replica_front: bool = False
+) -> None:
+    """Drain (on a stop signal: through HAProxy, by its admin sockets in the launch's ``folder``, or, with
+    the ``replica_front``, in the driver), stop the driver, then end every process that still carries
+    this launcher's mark."""
     say(f"Stopping Spout: {reason}")
-    if stops.count == 1 and folder is not None and drain_timeout_s > 0 and driver.poll() is None:
+    draining = stops.count == 1 and drain_timeout_s > 0 and driver.poll() is None
+    if draining and replica_front:
+        say(f"Draining: the ingress replicas take no new connection and let their streams end, for up to {drain_timeout_s:g} s")
+    elif draining and folder is not None:
         drain(haproxy_sockets(folder), stops, drain_timeout_s)
     if stops.count < 2:
-        stop_driver(driver, stops)
+        stop_driver(driver, stops, drain_timeout_s if draining and replica_front else 0.0)
     left = end_processes(marked_processes(os.getpid()))
     if left:
         raise SystemExit(f"Spout could not end {', '.join(describe(p) for p in left)}: end them with `kill -9`")
@@ -296,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         driver = start_driver(argv, folder)
         reason = watch(driver, stops)
-        shut_down(driver, stops, reason, folder, args.drain_timeout_s)
+        shut_down(driver, stops, reason, folder, args.drain_timeout_s, replica_front(args))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if not stops.count:

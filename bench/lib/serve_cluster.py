@@ -50,6 +50,7 @@ PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
     "throughput_optimized_haproxy": FAST_PATH_ENV | idle_env({}),
+    "replica_front": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"} | idle_env({}),
 }
 DEFAULT_PROXY = "throughput_optimized_haproxy"
 COMMON_ENV = {
@@ -57,6 +58,8 @@ COMMON_ENV = {
     # can deregister them; nothing sits in front of them here.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
 }
+REPLICA_FRONT = "replica_front"
+"""Serve's proxies off: an app deployed with ``http_front=replica`` and ``http_port`` the cluster's port serves it itself."""
 DIRECT_INGRESS = ("direct", "throughput_optimized")
 """The options where the ingress replica listens itself, on a port Serve allocates, and nothing is in front of it."""
 
@@ -93,7 +96,11 @@ class ServeCluster:
             self.saved_env[name] = os.environ.get(name)
             os.environ[name] = value  # inherited by the raylet, hence every Ray process
         ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": self.port}, logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        logs = {"enable_access_log": False, "log_level": "WARNING"}
+        if self.proxy == REPLICA_FRONT:  # the app's replicas serve self.port themselves (http_front=replica)
+            serve.start(proxy_location="Disabled", logging_config=logs)
+        else:
+            serve.start(http_options={"host": "127.0.0.1", "port": self.port}, logging_config=logs)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,13 +8,16 @@ before, and the ports it listened on.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 90.0
-SERVES_LINE = re.compile(r"Spout serves on \S+ \(HAProxy on port \d+ in front of the ingress replicas' own ports \[([\d, ]*)\]\)")
+SERVES_LINE = re.compile(
+    r"Spout serves on \S+ \((?:HAProxy on port \d+ in front of the ingress replicas' own ports \[([\d, ]*)\]|each ingress replica listens there itself)\)"
+)
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
 
 
@@ -105,7 +110,7 @@ class LaunchedServer:
             assert self.process.poll() is None, f"the launcher exited with {self.process.returncode}:\n{self.log_tail()}"
             assert time.monotonic() < deadline, f"not serving after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
             time.sleep(0.5)
-        self.direct_ports = [int(port) for port in match.group(1).split(",") if port.strip()]
+        self.direct_ports = [int(port) for port in (match.group(1) or "").split(",") if port.strip()]
         body = {"model": "tiny-random", "prompt": "hello", "max_tokens": 2}
         response = httpx.post(f"http://127.0.0.1:{self.ports.serve}/v1/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text
@@ -186,3 +191,46 @@ CI_WAYS = ("ctrl-c-twice", "ray-stop")
 """What CI runs, a cycle each: SIGTERM and SIGHUP take Ctrl-C's path in the launcher (`test_launch.py`
 checks that they reach it), ``make stop`` sends SIGTERM, and Ctrl-C itself ends the launch of
 `test_launched_front.py`, which checks it the same way."""
+
+
+DRAINED_STREAMS = 16
+"""Twice the launch's max_num_seqs: when the first stream has its first token, half of them have not
+started, and cannot end before the first ones' `DRAINED_TOKENS` steps: they are in flight at the signal."""
+DRAINED_TOKENS = 240
+
+
+def stream_to_the_end(port: int, first_token: threading.Event, answered: threading.Semaphore) -> tuple[int, bool]:
+    """One streamed completion: (its completion tokens from the usage frame, whether ``[DONE]`` came).
+    ``answered`` is released once its response has begun (the request is in flight)."""
+    body = {"model": "tiny-random", "prompt": "hello", "max_tokens": DRAINED_TOKENS, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    tokens, done = 0, False
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=STOP_TIMEOUT_S) as response:
+        answered.release()
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                frame = json.loads(line[6:])
+                tokens = (frame.get("usage") or {}).get("completion_tokens", tokens)
+                if frame.get("choices"):
+                    first_token.set()
+    return tokens, done
+
+
+def ctrl_c_drains_streams_and_leaves_nothing(server: LaunchedServer, processes_before: set[psutil.Process], drain_line: str) -> None:
+    """Ctrl-C while `DRAINED_STREAMS` streams run: every stream runs to its end, the log says
+    ``drain_line``, the launcher exits 0, and nothing of the launch is left."""
+    first_token, answered = threading.Event(), threading.Semaphore(0)
+    with ThreadPoolExecutor(DRAINED_STREAMS) as pool:
+        streams = [pool.submit(stream_to_the_end, server.ports.serve, first_token, answered) for _ in range(DRAINED_STREAMS)]
+        for _ in range(DRAINED_STREAMS):  # every request in flight (a connection after the signal is refused: the drain)
+            assert answered.acquire(timeout=START_TIMEOUT_S), server.log_tail()
+        assert first_token.wait(START_TIMEOUT_S), server.log_tail()
+        STOP_WAYS["ctrl-c"](server)
+        ends = [stream.result(timeout=STOP_TIMEOUT_S) for stream in streams]
+    status = server.wait_exit()
+    assert ends == [(DRAINED_TOKENS, True)] * DRAINED_STREAMS, server.log_tail()
+    assert drain_line in server.log.read_text(errors="replace"), server.log_tail()
+    assert server.left_behind(processes_before) == [], server.log_tail()
+    assert status == 0, server.log_tail()

@@ -7,19 +7,25 @@ The module ends the launch with Ctrl-C in the middle of streams and checks that 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
 import pytest
 
-from tests.deployments.launched import OPTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, STOP_WAYS, LaunchedServer, listen_addresses, ray_and_haproxy_processes, serving
+from tests.deployments.launched import (
+    OPTIONS,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    LaunchedServer,
+    ctrl_c_drains_streams_and_leaves_nothing,
+    listen_addresses,
+    ray_and_haproxy_processes,
+    serving,
+)
 
 DASHBOARD = re.compile(r"View the dashboard at \S*?http://([\d.]+):(\d+)")
 CONNECT_TIMEOUT_S = 120.0
@@ -94,45 +100,8 @@ def test_ray_refuses_a_client_without_the_launchs_token(server, tmp_path):
     assert psutil.Process(server.process.pid).is_running()
 
 
-DRAINED_STREAMS = 16
-"""Twice the launch's max_num_seqs: when the first stream has its first token, half of them have not
-started, and cannot end before the first ones' `DRAINED_TOKENS` steps: they are in flight at the signal."""
-DRAINED_TOKENS = 240
-
-
-def stream_to_the_end(port: int, first_token: threading.Event, answered: threading.Semaphore) -> tuple[int, bool]:
-    """One streamed completion: (its completion tokens from the usage frame, whether ``[DONE]`` came).
-    ``answered`` is released once its response has begun (the request is in flight)."""
-    body = {"model": "tiny-random", "prompt": "hello", "max_tokens": DRAINED_TOKENS, "ignore_eos": True, "stream": True}
-    body["stream_options"] = {"include_usage": True}
-    tokens, done = 0, False
-    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=STOP_TIMEOUT_S) as response:
-        answered.release()
-        for line in response.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                frame = json.loads(line[6:])
-                tokens = (frame.get("usage") or {}).get("completion_tokens", tokens)
-                if frame.get("choices"):
-                    first_token.set()
-    return tokens, done
-
-
 @pytest.mark.timeout(START_TIMEOUT_S + STOP_TIMEOUT_S + 60)
 def test_ctrl_c_drains_the_streams_in_flight_and_leaves_nothing_behind(server, processes_before):
     """Last in the module: the launch's own end, by Ctrl-C while streams run: every stream runs to its
     end (the drain), then nothing of the launch is left."""
-    first_token, answered = threading.Event(), threading.Semaphore(0)
-    with ThreadPoolExecutor(DRAINED_STREAMS) as pool:
-        streams = [pool.submit(stream_to_the_end, server.ports.serve, first_token, answered) for _ in range(DRAINED_STREAMS)]
-        for _ in range(DRAINED_STREAMS):  # every request in flight (a connection after the signal is refused: the drain)
-            assert answered.acquire(timeout=START_TIMEOUT_S), server.log_tail()
-        assert first_token.wait(START_TIMEOUT_S), server.log_tail()
-        STOP_WAYS["ctrl-c"](server)
-        ends = [stream.result(timeout=STOP_TIMEOUT_S) for stream in streams]
-    status = server.wait_exit()
-    assert ends == [(DRAINED_TOKENS, True)] * DRAINED_STREAMS, server.log_tail()
-    assert "Draining: " in server.log.read_text(errors="replace"), server.log_tail()
-    assert server.left_behind(processes_before) == [], server.log_tail()
-    assert status == 0, server.log_tail()
+    ctrl_c_drains_streams_and_leaves_nothing(server, processes_before, "Draining: ")

@@ -1,0 +1,431 @@
+"""`HttpServer`: the ingress replica's own HTTP/1.1 server (``http_front=replica``), an ASGI server
+on asyncio with `httptools`' parser (uvicorn's), listening on the public port itself.
+
+Why not uvicorn behind HAProxy (Serve's fast path): per streamed SSE frame, HAProxy costs about
+21 µs of CPU and uvicorn's send path with Serve's wrappers about 9 µs more than a frame written
+straight to the transport (`bench.egress_floor`'s rows), while vLLM's whole API server spends
+about 70 µs per token. Here a body chunk is one ``transport.write`` of the chunk's bytes, and the
+replicas of a node share the port through ``SO_REUSEPORT`` (the kernel spreads connections among
+them).
+
+What it does: HTTP/1.1 keep-alive (requests on a connection answered in order), chunked or
+sized request bodies read with back-pressure, ``Expect: 100-continue``, chunked responses unless
+the app sets ``content-length``, ``http.disconnect`` once the client leaves (or the response is
+over), writes that wait while the client's socket is full. Bounded by `ServerLimits`: a request's
+head must arrive whole within ``head_timeout_s`` of the connection being idle (keep-alive and
+slow-loris both), at most ``max_header_bytes`` and ``max_headers`` (431 past them), at most
+``max_connections`` open (new ones closed at once past it). A malformed request gets a 400 and the
+connection closes. No TLS and no HTTP/2 or upgrades (WebSocket): put a terminating proxy in front.
+
+No Ray here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+BACKLOG = 4096
+"""Connections the kernel holds for the server before it accepts them."""
+BODY_HIGH_WATER_BYTES = 65_536
+"""Reading pauses while this much of a request's body waits for the app."""
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+logger = logging.getLogger(__name__)
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one connection may cost the server."""
+
+    head_timeout_s: float = 10.0
+    """A request's head must be whole within this long of the connection opening or its last response ending."""
+    max_header_bytes: int = 65_536
+    max_headers: int = 100
+    max_connections: int = 10_000
+
+
+class HttpServer:
+    """Serves ``app`` on ``host:port`` (``SO_REUSEPORT``: every replica of a node listens on it)."""
+
+    def __init__(self, app: ASGIApp, limits: ServerLimits = ServerLimits()) -> None:
+        self.app = app
+        self.limits = limits
+        self.connections: set[Connection] = set()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        """The port it listens on, once started (the one given, or the one chosen for port 0)."""
+
+    async def start(self, host: str, port: int) -> None:
+        await self.serve(listening_socket(host, port))
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Serves on ``sock`` (`listening_socket`'s)."""
+        self.server = await asyncio.get_running_loop().create_server(lambda: Connection(self), sock=sock, backlog=BACKLOG)
+        self.port = sock.getsockname()[1]
+
+    def stop_accepting(self) -> None:
+        """No new connection from now on (the port's other listeners take them); idle keep-alive
+        connections close, and busy ones once their response ends."""
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection.closing = True
+            if connection.exchange is None:
+                connection.close()
+
+    async def drain(self, timeout_s: float) -> None:
+        """`stop_accepting`, then wait up to ``timeout_s`` for the open exchanges to end; close what is left."""
+        self.stop_accepting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` with ``SO_REUSEPORT``; OSError at once when a process
+    that does not share the port holds it."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests and runs one `Exchange` at a time."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        """The exchange being answered; later ones (pipelined) wait in ``queued``."""
+        self.queued: deque[Exchange] = deque()
+        self.parsing: Exchange | None = None
+        """The request whose head or body the parser is reading."""
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.header_bytes = 0
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.writable: asyncio.Future[None] | None = None
+        self.closing = False
+        self.lost = False
+        self.refusal: tuple[int, str] | None = None
+        """Why the parser was stopped: the status and message to answer with."""
+
+    # asyncio's protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        if len(self.server.connections) >= self.limits.max_connections:
+            transport.abort()
+            return
+        self.server.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # what a callback raised comes wrapped in one
+            self._refuse(*(self.refusal or (400, "malformed HTTP request")))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.server.connections.discard(self)
+        self._cancel_head_timer()
+        for exchange in (self.exchange, self.parsing, *self.queued):
+            if exchange is not None:
+                exchange.client_left()
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+
+    # httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.header_bytes = b"", [], 0
+        self._arm_head_timer()  # pipelined requests: each head has its own time
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        if len(self.headers) >= self.limits.max_headers:
+            self._stop_parsing(431, "the request's head has too many headers")
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        if self.parser.should_upgrade():
+            self._stop_parsing(400, "upgrades (WebSocket, h2c) are not served")
+        assert self.transport is not None
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("latin-1")
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": self.parser.get_http_version(),
+            "method": self.parser.get_method().decode("ascii"),
+            "scheme": "http",
+            "path": unquote(path) if "%" in path else path,
+            "raw_path": url.path,
+            "query_string": url.query or b"",
+            "root_path": "",
+            "headers": self.headers,
+            "server": self.transport.get_extra_info("sockname")[:2],
+            "client": (self.transport.get_extra_info("peername") or ("", 0))[:2],
+            "state": {},
+        }
+        keep_alive = self.parser.should_keep_alive()
+        exchange = Exchange(self, scope, keep_alive, (b"expect", b"100-continue") in self.headers)
+        self.parsing = exchange
+        if self.exchange is None:
+            self._begin(exchange)
+        else:
+            self.queued.append(exchange)
+            assert self.transport is not None
+            self.transport.pause_reading()  # one request ahead at most
+
+    def on_body(self, body: bytes) -> None:
+        if self.parsing is not None:
+            self.parsing.body_received(body)
+
+    def on_message_complete(self) -> None:
+        if self.parsing is not None:
+            self.parsing.body_complete()
+            self.parsing = None
+
+    # the connection's own work
+
+    def _count_head(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > self.limits.max_header_bytes:
+            self._stop_parsing(431, "the request's head is too large")
+
+    def _stop_parsing(self, status: int, message: str) -> None:
+        """Refuse the request being parsed: the parser raises what its callback raised, wrapped."""
+        self.refusal = (status, message)
+        raise RequestRefused(message)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self.head_timer = asyncio.get_running_loop().call_later(self.limits.head_timeout_s, self.close)
+
+    def _cancel_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _begin(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        asyncio.get_running_loop().create_task(exchange.run(self.server.app))
+
+    def exchange_done(self, exchange: Exchange) -> None:
+        """``exchange``'s response ended: the next request's turn, or the connection closes."""
+        self.exchange = None
+        if not exchange.keep_alive or self.closing or self.lost:
+            self.close()
+            return
+        if self.queued:
+            self._begin(self.queued.popleft())
+        if self.transport is not None and not self.queued:
+            self.transport.resume_reading()
+            if self.exchange is None and self.parsing is None:
+                self._arm_head_timer()
+
+    def body_taken(self, exchange: Exchange) -> None:
+        """The app took ``exchange``'s buffered body: reading goes on unless a later request waits."""
+        if self.transport is not None and self.exchange is exchange and not self.queued:
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if not self.lost and self.transport is not None:
+            self.transport.write(data)
+
+    async def drained(self) -> None:
+        """Returns once the client's socket takes writes again (at once when it does)."""
+        if self.writable is not None:
+            await self.writable
+
+    def _refuse(self, status: int, message: str) -> None:
+        """A bad request's answer, unless a response is already under way; then the connection closes."""
+        if self.exchange is None:
+            self.write(plain_response(status, message))
+        self.close()
+
+    def close(self) -> None:
+        self._cancel_head_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class RequestRefused(Exception):
+    """A request past `ServerLimits`' bounds, or one this server does not serve."""
+
+
+class Exchange:
+    """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
+
+    def __init__(self, connection: Connection, scope: Scope, keep_alive: bool, expects_continue: bool) -> None:
+        self.connection = connection
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.expects_continue = expects_continue
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.body_done = False
+        """The parser read the whole body."""
+        self.body_delivered = False
+        """The app received the body's last message."""
+        self.wakeup = asyncio.Event()
+        self.disconnected = False
+        self.started: Message | None = None
+        self.chunked = False
+        self.head_sent = False
+        self.response_done = False
+
+    # from the connection
+
+    def body_received(self, body: bytes) -> None:
+        self.body.append(body)
+        self.body_bytes += len(body)
+        if self.body_bytes > BODY_HIGH_WATER_BYTES and self.connection.transport is not None:
+            self.connection.transport.pause_reading()
+        self.wakeup.set()
+
+    def body_complete(self) -> None:
+        self.body_done = True
+        self.wakeup.set()
+
+    def client_left(self) -> None:
+        self.disconnected = True
+        self.wakeup.set()
+
+    async def _wait(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            self.wakeup.clear()
+            await self.wakeup.wait()
+
+    # ASGI
+
+    async def receive(self) -> Message:
+        """The body's parts as they come, then ``http.disconnect`` once the client leaves or the response ends."""
+        if not self.body_delivered and not self.disconnected:
+            if self.expects_continue and not self.head_sent:
+                self.expects_continue = False
+                self.connection.write(CONTINUE)
+            await self._wait(lambda: bool(self.body) or self.body_done or self.disconnected)
+            if not self.disconnected:
+                body, self.body, self.body_bytes = b"".join(self.body), [], 0
+                self.body_delivered = self.body_done
+                self.connection.body_taken(self)
+                return {"type": "http.request", "body": body, "more_body": not self.body_done}
+        await self._wait(lambda: self.disconnected or self.response_done)
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if self.disconnected or self.response_done:
+            return  # the client left: nothing more reaches it
+        if message["type"] == "http.response.start":
+            if self.started is not None:
+                raise RuntimeError("http.response.start sent twice")
+            self.started = message
+            return
+        if message["type"] != "http.response.body" or self.started is None:
+            raise RuntimeError(f"unexpected ASGI message {message['type']!r}")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        if self.head_sent and self.chunked and more:  # a streamed chunk: the hot path
+            if body:
+                self.connection.write(b"%x\r\n%b\r\n" % (len(body), body))
+                await self.connection.drained()
+            return
+        head = b"" if self.head_sent else self._head()
+        if self.scope["method"] == "HEAD":
+            body = b""
+        if self.chunked:
+            body = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+        self.connection.write(head + body)
+        if more:
+            await self.connection.drained()
+        else:
+            self._finish()
+
+    def _head(self) -> bytes:
+        assert self.started is not None
+        self.head_sent = True
+        status = self.started["status"]
+        headers = [(bytes(name).lower(), bytes(value)) for name, value in self.started.get("headers", [])]
+        sized = any(name == b"content-length" for name, _ in headers)
+        self.chunked = not sized and status not in (204, 304) and status >= 200 and self.scope["method"] != "HEAD"
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, "").encode())]
+        lines += [name + b": " + value + b"\r\n" for name, value in headers if name != b"connection"]
+        if self.chunked:
+            lines.append(b"transfer-encoding: chunked\r\n")
+        if not self.keep_alive or self.connection.closing:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def _finish(self) -> None:
+        self.response_done = True
+        self.wakeup.set()
+        if not self.body_done:
+            self.keep_alive = False  # the rest of the body was not read: the connection cannot be reused
+        self.connection.exchange_done(self)
+
+    async def run(self, app: ASGIApp) -> None:
+        """The app's call; a response it did not finish ends the connection (after a 500 if nothing was sent)."""
+        try:
+            await app(self.scope, self.receive, self.send)
+        except Exception:
+            logger.exception("the app failed on %s %s", self.scope["method"], self.scope["path"])
+        if not self.response_done:
+            if self.started is None and not self.disconnected:
+                self.connection.write(plain_response(500, "internal server error"))
+            self.keep_alive = False
+            self.response_done = True
+            self.wakeup.set()
+            self.connection.exchange_done(self)
+
+
+def plain_response(status: int, message: str) -> bytes:
+    body = message.encode() + b"\n"
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    return head % (status, REASONS.get(status, "").encode(), len(body)) + body

@@ -1,0 +1,107 @@
+"""``http_front=replica``: the ingress replica serves its own port, with no Serve proxy or HAProxy on
+the path. The OpenAI client streams through it, a client that leaves is aborted in the engine, and
+deleting the app lets a stream in flight end before the replica stops and frees the port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from ray import serve
+
+from bench.lib.serve_cluster import ServeCluster, free_port
+from deployments import build_app
+from deployments.driver import wait_until_healthy
+from deployments.processes import port_is_free
+from tests.e2e.probes import gauges, sse_payloads
+
+MODEL = "tiny-random"
+API_KEY = "front-key"
+STARTUP_TIMEOUT_S = 300
+SETTLE_S = 30.0
+
+
+def deploy(cluster: ServeCluster, name: str) -> str:
+    """A tiny-random app named ``name`` whose ingress replica serves a free port itself; its base URL."""
+    port = free_port()
+    app = build_app({"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "max_num_seqs": 16})
+    serve.run(app, name=name, route_prefix=f"/{name}", blocking=False)
+    base_url = f"http://127.0.0.1:{port}"
+    wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
+    return base_url
+
+
+@pytest.fixture(scope="module")
+def front(cluster: ServeCluster) -> Iterator[str]:
+    base_url = deploy(cluster, "replica-front")
+    yield base_url
+    serve.delete("replica-front")
+
+
+def test_the_openai_client_streams_through_the_replicas_own_port(front: str):
+    client = openai.OpenAI(base_url=f"{front}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+    whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0.0)
+    streamed = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0.0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == whole.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True)
+    assert sum(1 for chunk in chat if chunk.choices and chunk.choices[0].delta.content) >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{front}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_a_client_that_leaves_is_aborted_in_the_engine(front: str):
+    async def leave_after_a_few_frames() -> None:
+        body = {"model": MODEL, "prompt": "count", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with httpx.AsyncClient(base_url=front, headers=headers, timeout=60) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                frames = 0
+                async for _ in sse_payloads(response):
+                    frames += 1
+                    if frames == 3:
+                        break  # leaving the block closes the connection with the body unread
+
+    asyncio.run(leave_after_a_few_frames())
+    with httpx.Client(base_url=front, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as http:
+        deadline = time.monotonic() + SETTLE_S
+        while gauges(http)["spout:num_requests_running"] > 0:
+            assert time.monotonic() < deadline, "the engine still runs the request of a client that left"
+            time.sleep(0.2)
+
+
+def test_deleting_the_app_lets_a_stream_end_then_frees_the_port(cluster: ServeCluster):
+    base_url = deploy(cluster, "replica-front-drain")
+    port = int(base_url.rsplit(":", 1)[1])
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 1500, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=120) as http, http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        frames = [next(line for line in lines if line.startswith("data: "))]
+        serve.delete("replica-front-drain", _blocking=False)
+        deadline = time.monotonic() + SETTLE_S
+        while not refused(base_url):
+            assert time.monotonic() < deadline, "the replica still takes new connections while it drains"
+            frames.append(next(lines))
+        frames += [line for line in lines if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]"
+    usage = json.loads(frames[-2][len("data: ") :])
+    assert usage["usage"]["completion_tokens"] == 1500, usage
+    deadline = time.monotonic() + SETTLE_S
+    while not port_is_free("127.0.0.1", port):
+        assert time.monotonic() < deadline, f"port {port} is still held after the app was deleted"
+        time.sleep(0.2)
+
+
+def refused(base_url: str) -> bool:
+    """Whether a new connection to ``base_url`` is refused, or closed unanswered (the draining replica
+    stopped listening, and closes or resets the connections that carry no request)."""
+    try:
+        httpx.get(f"{base_url}/health", timeout=5)
+    except httpx.TransportError:
+        return True
+    return False
