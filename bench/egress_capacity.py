@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 
 import ray
 
-from bench.lib.common import print_table, quietness, write_results
+from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
 from bench.lib.load_client import completion_body, latency_fields, run_streams
 from bench.lib.process_cpu import cpu_seconds, per_token_us
-from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.serve_cluster import FRONTS, ServeCluster, front_options
 from bench.lib.synthetic_engine import StepRate, SyntheticEngineActor
 from bench.serve_load import idle_cpu_percent, warm_up
 from deployments import build_app
@@ -81,10 +81,10 @@ def start_engine(app: str, rate: StepRate, options: dict[str, object]) -> Engine
     return actor.options(name=name, namespace=ENGINE_NAMESPACE, lifetime="detached", num_cpus=1).remote(rate, 4096)
 
 
-def measure(cluster: ServeCluster, rate: StepRate, workload: Workload, detok: str, max_tokens: int) -> tuple[dict, dict]:
-    """One rate, workload and detok mode: its row and the idle CPU it was measured against."""
+def measure(cluster: ServeCluster, rate: StepRate, workload: Workload, detok: str, max_tokens: int, front: str) -> tuple[dict, dict]:
+    """One rate, workload and detok mode behind ``front``: its row and the idle CPU it was measured against."""
     app = f"{detok}-{workload.name}-{rate.max_num_seqs}"
-    options = {"model": MODEL, "max_num_seqs": rate.max_num_seqs, **DETOK_MODES[detok]}
+    options = {"model": MODEL, "max_num_seqs": rate.max_num_seqs, **DETOK_MODES[detok], **front_options(front, cluster.port)}
     engine = start_engine(app, rate, options)
     cluster.deploy(build_app(options), app)
     warm_up(cluster.port, MODEL)
@@ -128,16 +128,17 @@ def sizing(row: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="256 sequences at 10 ms steps only, each workload inline and pool, 64 tokens")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="the app's HTTP front (its http_front option)")
     args = parser.parse_args(argv)
     rates = RATES[:1] if args.quick else RATES
     max_tokens = 64 if args.quick else MAX_TOKENS
     load_average = os.getloadavg()[0]
     started = time.monotonic()
     rows, idle = [], []
-    with ServeCluster(DEFAULT_PROXY) as cluster:
+    with ServeCluster(FRONTS[args.front]) as cluster:
         for rate in rates:
             for workload, detok in ((workload, detok) for workload in WORKLOADS for detok in DETOK_MODES):
-                row, idle_row = measure(cluster, rate, workload, detok, max_tokens)
+                row, idle_row = measure(cluster, rate, workload, detok, max_tokens, args.front)
                 print_table([row])
                 rows.append(row)
                 idle.append(idle_row)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": round(time.monotonic() - started),
         **quietness(load_average),
         "quick": args.quick,
-        "proxy": DEFAULT_PROXY,
+        "proxy": FRONTS[args.front],
         "model_tokenizer": MODEL,
         "max_tokens": max_tokens,
         "rates": [asdict(rate) for rate in rates],
@@ -157,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         "sizing": sizes,
         "idle_cpu_percent": idle,
     }
-    print(f"wrote {write_results('egress_capacity', rows, **summary)}")
+    name = "egress_capacity" + ("_replica_front" if args.front == "replica" else "")
+    print(f"wrote {write_results('egress_capacity', rows, RESULTS_DIR / f'{name}.json', **summary)}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from bench.lib.common import RESULTS_DIR, print_table, quietness, write_results
 from bench.lib.hf_export import egress_tiny_checkpoint, export_hf_folder
 from bench.lib.load_client import StreamResult, completion_body, latency_fields, run_streams
 from bench.lib.process_cpu import cpu_seconds, cpu_used
-from bench.lib.serve_cluster import DEFAULT_PROXY, REPLICA_FRONT, ServeCluster, free_port
+from bench.lib.serve_cluster import FRONTS, ServeCluster, free_port, front_options
 from bench.serve_load import HOST, idle_cpu_percent, warm_up
 from deployments import build_app
 
@@ -64,8 +64,6 @@ VLLM_KV_GIB = 1
 VLLM_ARGS = ("--max-num-seqs", "256", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning")
 VLLM_LOG = Path("/tmp/bench-egress-peers-vllm.log")
 SPOUT, VLLM = "spout", "vllm"
-FRONTS = {"serve": DEFAULT_PROXY, "replica": REPLICA_FRONT}
-"""``--front``: the app's ``http_front`` and the cluster's proxy option it runs under."""
 PROCESS_GROUPS: dict[str, tuple[str, ...]] = {
     SPOUT: ("ingress", "detok", "proxy", "controller", "engine", "ray_system"),
     VLLM: ("vllm_api", "vllm_engine"),
@@ -84,13 +82,10 @@ def model_folder() -> Path:
     return MODEL_DIR
 
 
-def spout_app(folder: Path, replica_front_port: int | None = None) -> Application:
-    """``make run``'s app on ``folder``, its engine on `ENGINE_THREADS` threads; with ``replica_front_port``,
-    its ingress replica serves that port itself (``http_front=replica``)."""
-    options: dict[str, object] = {"model": str(folder), "served_model_name": SERVED_NAME, "engine_cpu_threads": ENGINE_THREADS}
-    if replica_front_port is not None:
-        options |= {"http_front": "replica", "http_port": replica_front_port}
-    return build_app(options)
+def spout_app(folder: Path, front_options: dict[str, object] | None = None) -> Application:
+    """``make run``'s app on ``folder``, its engine on `ENGINE_THREADS` threads, with ``front_options``
+    (`bench.lib.serve_cluster.front_options`)."""
+    return build_app({"model": str(folder), "served_model_name": SERVED_NAME, "engine_cpu_threads": ENGINE_THREADS, **(front_options or {})})
 
 
 def rounds(concurrency: int, min_tokens: int) -> int:
@@ -141,7 +136,7 @@ def front_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 def sweep_spout(folder: Path, levels: tuple[int, ...], min_tokens: int, front: str) -> tuple[list[Level], dict[str, float]]:
     """``make run``'s app on ``folder`` behind ``front`` (`FRONTS`): each level, and the processes' idle CPU before the load."""
     with ServeCluster(FRONTS[front]) as cluster:
-        port = cluster.deploy(spout_app(folder, cluster.port if front == "replica" else None), SPOUT)
+        port = cluster.deploy(spout_app(folder, front_options(front, cluster.port)), SPOUT)
         warm_up(port, SERVED_NAME)
         idle = idle_cpu_percent()
         levels_run = [run_level(port, concurrency, min_tokens) for concurrency in levels]

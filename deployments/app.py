@@ -28,7 +28,7 @@ def build_app(args: dict[str, str] | None = None) -> Application:
     and the API key comes from ``SPOUT_API_KEY`` unless ``api_key`` is given."""
     config = ServeArgs.from_options(args or {}, os.environ)
     enable_for_serve_run()
-    if warning := fast_path_warning(os.environ):
+    if config.http_front == "serve" and (warning := fast_path_warning(os.environ)):
         logger.warning(warning)
     detok = serve.deployment(
         Detokenizer,

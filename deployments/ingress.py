@@ -48,6 +48,7 @@ from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
+from deployments.processes import describe, other_listeners
 from deployments.prompt_encoder import PromptEncoder
 from deployments.token_routes import TokenRoutes
 from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
@@ -83,6 +84,17 @@ def app_path(request: Request) -> str:
     return (path[len(prefix) :] or "/") if prefix and (path == prefix or path.startswith(prefix + "/")) else path
 
 
+def check_front_port(port: int, app_name: str) -> None:
+    """OSError when a process other than the app's ingress replicas listens on ``port`` (``http_front=replica``):
+    HAProxy, which Serve puts on its own port, sets ``SO_REUSEPORT`` as the replicas do, and would
+    silently take a share of the connections."""
+    if others := other_listeners(port, f"ServeReplica:{app_name}:Ingress"):
+        raise OSError(
+            f"port {port} is held by {', '.join(describe(p) for p in others)}: with http_front=replica the ingress replicas listen there "
+            "themselves; give them a port of their own (http_port), or start Serve without proxies (proxy_location: Disabled)"
+        )
+
+
 class Ingress(AgentAPIs, TokenRoutes):
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -108,6 +120,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         if self.args.http_front == "replica":  # the port is taken here, so that a held one fails the replica's start
             self.trust_local_proxy = False
             self.http_server = HttpServer(self.asgi, self.args.server_limits())
+            check_front_port(self.args.http_port, self.app_name)
             sock = listening_socket(self.args.http_host, self.args.http_port)
             self.http_serving = asyncio.get_running_loop().create_task(self.http_server.serve(sock), context=contextvars.Context())
 

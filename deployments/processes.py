@@ -137,6 +137,19 @@ def port_holders(port: int) -> list[psutil.Process]:
     return [psutil.Process(pid) for pid in sorted(pids) if psutil.pid_exists(pid)]
 
 
+def other_listeners(port: int, own_title: str) -> list[psutil.Process]:
+    """The processes listening on ``port`` that are neither this one nor titled with ``own_title`` (a
+    part of their command line: Ray titles a Serve replica ``ray::ServeReplica:<app>:<deployment>``)."""
+    others = []
+    for process in port_holders(port):
+        try:
+            if process.pid != os.getpid() and own_title not in " ".join(process.cmdline()):
+                others.append(process)
+        except psutil.Error:  # gone since, or not ours to read
+            continue
+    return others
+
+
 def describe(process: psutil.Process) -> str:
     """``pid 123 (haproxy)``, and the launcher that started it where it has the mark."""
     mark = _mark(process)

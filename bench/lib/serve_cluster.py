@@ -60,6 +60,8 @@ COMMON_ENV = {
 }
 REPLICA_FRONT = "replica_front"
 """Serve's proxies off: an app deployed with ``http_front=replica`` and ``http_port`` the cluster's port serves it itself."""
+FRONTS = {"serve": DEFAULT_PROXY, "replica": REPLICA_FRONT}
+"""A benchmark's ``--front`` (the app's ``http_front``): the cluster's proxy option it runs under."""
 DIRECT_INGRESS = ("direct", "throughput_optimized")
 """The options where the ingress replica listens itself, on a port Serve allocates, and nothing is in front of it."""
 
@@ -68,6 +70,11 @@ FIXED_PORTS = range(20000, 30000)
 """Where a chosen port is drawn from: outside the ranges Ray's processes take ports from while a
 cluster starts (a HAProxy stats port drawn from the kernel's ephemeral range was once Ray's GCS
 port when HAProxy came to bind it, and that start failed)."""
+
+
+def front_options(front: str, port: int) -> dict[str, object]:
+    """The app options that put ``front`` on a cluster's ``port``: none for Serve's, the replica's own server on it else."""
+    return {"http_front": "replica", "http_port": port} if front == "replica" else {}
 
 
 def free_port() -> int:

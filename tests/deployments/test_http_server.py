@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from deployments.http_server import HttpServer, ServerLimits
+from deployments.http_server import HttpServer, ServerLimits, listening_socket
 from deployments.openai.event_stream import EventStream
 
 WAIT_S = 10.0
@@ -317,3 +319,28 @@ def test_two_servers_share_a_port():
             await second.drain(0)
 
     asyncio.run(main())
+
+
+def test_a_port_another_process_listens_on_is_named_before_the_replica_shares_it():
+    """HAProxy sets SO_REUSEPORT too: sharing its port would split the connections silently."""
+    from deployments.ingress import check_front_port
+
+    holder = listening_socket(HOST, 0)  # a free port, held below by a child: the check skips its own process
+    port = holder.getsockname()[1]
+    holder.close()
+    child = subprocess.Popen([sys.executable, "-c", HOLD_PORT.format(port=port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "listening"
+        with pytest.raises(OSError, match=f"port {port} is held by pid {child.pid}"):
+            check_front_port(port, "spout")
+    finally:
+        child.kill()
+        child.wait()
+    check_front_port(port, "spout")  # free again: nothing to say
+
+
+HOLD_PORT = """
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); s.bind(("127.0.0.1", {port})); s.listen()
+print("listening", flush=True); time.sleep(60)
+"""
