@@ -275,7 +275,7 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
-        if not self.lost and self.transport is not None:
+        if not self.lost and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
     async def drained(self) -> None:
