@@ -9,6 +9,9 @@
 - ``uvicorn_event_stream``: the same server with Spout's `EventStream` instead.
 - ``replica_server_event_stream``: the same app (`EventStream`) on Spout's own HTTP server
   (`deployments.http_server`, what ``http_front=replica`` serves with) instead of uvicorn.
+- ``raw_task`` and ``raw_step``: the same frames from a bare asyncio protocol
+  (`bench.lib.raw_sse_server`), no ASGI: a task per stream woken each step, or every stream's frame
+  written from the step's own loop. The floor of the write itself, and what a task wake per frame adds.
 - ``spout_code``: the ingress's own per-token path in-process, with neither HTTP nor
   Ray: each step's `EngineOutput`s polled over a real engine channel on loopback (both of its
   ends in this process), `OutputRouter._route` on them (inline detok, stop and delivery),
@@ -37,6 +40,7 @@ from starlette.responses import StreamingResponse
 from bench.lib.common import print_table, write_results
 from bench.lib.load_client import run_streams
 from bench.lib.process_cpu import TICKS_PER_S
+from bench.lib.raw_sse_server import Streams, serve_forever
 from bench.lib.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
@@ -108,6 +112,10 @@ def bare_app(response: str, frames: int):
 def _serve(port: int, server: str, response: str, frames: int) -> None:
     app = bare_app(response, frames)
     freeze_startup_heap()  # as Serve does for a replica, and vLLM for its API server
+    if server == "raw":
+        last = LAST_FRAME.replace('"completion_tokens":0', f'"completion_tokens":{frames}') + "data: [DONE]\n\n"
+        serve_forever(HOST, port, Streams(response, FRAME.encode(), last.encode(), frames), STEP_S)
+        return
     if server == "uvicorn":
         uvicorn.run(app, host=HOST, port=port, log_level="warning", loop="uvloop", http="httptools")
         return
@@ -127,7 +135,8 @@ def process_cpu_s(pid: int) -> float:
 
 
 def measure_server(server_kind: str, response: str, streams: int, frames: int) -> dict:
-    """``server_kind`` (``uvicorn`` or ``replica_server``) serving `bare_app` in a child process: its CPU per frame."""
+    """``server_kind`` (``uvicorn``, ``replica_server``: `bare_app` as ``response``; ``raw``: `bench.lib.raw_sse_server`
+    in the ``response`` mode) in a child process: its CPU per frame."""
     port = free_port()
     server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, server_kind, response, frames), daemon=True)
     server.start()
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 frames per stream instead of 64")
     args = parser.parse_args(argv)
     streams, frames = 256, 16 if args.quick else 64
-    servers = [("uvicorn", "streaming_response"), ("uvicorn", "event_stream"), ("replica_server", "event_stream")]
+    servers = [("uvicorn", "streaming_response"), ("uvicorn", "event_stream"), ("replica_server", "event_stream"), ("raw", "task"), ("raw", "step")]
     rows = [measure_server(server, response, streams, frames) for server, response in servers]
     rows.append(asyncio.run(_spout_code(streams, frames)))
     print_table(rows)
