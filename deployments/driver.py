@@ -27,7 +27,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.app import build_app
-from deployments.launch import API_KEY_ENV, parse_args
+from deployments.launch import API_KEY_ENV, parse_args, replica_front
 from deployments.processes import LAUNCH_ENV
 
 APP_NAME = "spout"
@@ -77,9 +77,7 @@ def wait_while_launcher_runs() -> None:
 
 
 def replica_front_options(options: dict[str, str], host: str, port: int) -> dict[str, str]:
-    """``options`` with the launcher's address as the replicas' own when they serve HTTP themselves."""
-    if options.get("http_front") != "replica":
-        return options
+    """``options`` (a ``http_front=replica`` launch's) with the launcher's address as the replicas' own."""
     for key, value in (("http_host", host), ("http_port", str(port))):
         if key in options and options[key] != value:
             raise SystemExit(f"{key}={options[key]} differs from the launcher's address {host}:{port}: give the address with --host/--port")
@@ -114,21 +112,23 @@ def drain_replicas(timeout_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    options = replica_front_options(options_with_api_key(args.options, os.environ), args.host, args.port)
+    front_is_replica = replica_front(args)
+    options = options_with_api_key(args.options, os.environ)
+    if front_is_replica:
+        options = replica_front_options(options, args.host, args.port)
     app = build_app(options)  # invalid options fail here, before Ray starts
     ray.init(address="local")  # a cluster of its own, never one that ``ray start`` left running
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # after ray.init, which installs a handler that aborts
-    replica_front = options.get("http_front") == "replica"
     serving = False
     try:
-        serve_app(app, args.host, args.port, replica_front)
+        serve_app(app, args.host, args.port, front_is_replica)
         serving = True
         wait_while_launcher_runs()
     finally:
         # Stopping now: the launcher's SIGTERM (it sees the raylet end) must not replace an error on
         # its way out with a silent SystemExit(0).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if serving and replica_front and args.drain_timeout_s > 0:
+        if serving and front_is_replica and args.drain_timeout_s > 0:
             drain_replicas(args.drain_timeout_s)
         ray.shutdown()
 

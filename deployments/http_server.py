@@ -122,6 +122,8 @@ class Connection(asyncio.Protocol):
         self.limits = server.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self.addresses: tuple[tuple[str, int], tuple[str, int]] = (("", 0), ("", 0))
+        """(this server's, the client's) address, read once per connection."""
         self.exchange: Exchange | None = None
         """The exchange being answered; later ones (pipelined) wait in ``queued``."""
         self.queued: deque[Exchange] = deque()
@@ -145,6 +147,7 @@ class Connection(asyncio.Protocol):
             transport.abort()
             return
         self.server.connections.add(self)
+        self.addresses = (transport.get_extra_info("sockname")[:2], (transport.get_extra_info("peername") or ("", 0))[:2])
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -194,7 +197,6 @@ class Connection(asyncio.Protocol):
         self._cancel_head_timer()
         if self.parser.should_upgrade():
             self._stop_parsing(400, "upgrades (WebSocket, h2c) are not served")
-        assert self.transport is not None
         url = httptools.parse_url(self.url)
         path = url.path.decode("latin-1")
         scope: Scope = {
@@ -208,8 +210,8 @@ class Connection(asyncio.Protocol):
             "query_string": url.query or b"",
             "root_path": "",
             "headers": self.headers,
-            "server": self.transport.get_extra_info("sockname")[:2],
-            "client": (self.transport.get_extra_info("peername") or ("", 0))[:2],
+            "server": self.addresses[0],
+            "client": self.addresses[1],
             "state": {},
         }
         keep_alive = self.parser.should_keep_alive()
@@ -219,7 +221,6 @@ class Connection(asyncio.Protocol):
             self._begin(exchange)
         else:
             self.queued.append(exchange)
-            assert self.transport is not None
             self.transport.pause_reading()  # one request ahead at most
 
     def on_body(self, body: bytes) -> None:
