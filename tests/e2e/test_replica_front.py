@@ -1,6 +1,6 @@
 """``http_front=replica``: the ingress replica serves its own port, with no Serve proxy or HAProxy on
-the path. The OpenAI client streams through it, a client that leaves is aborted in the engine, and
-deleting the app lets a stream in flight end before the replica stops and frees the port."""
+the path. The OpenAI client streams through it, a client that leaves is aborted in the engine,
+hostile connections are refused within their bounds beside a stream, and deleting the app lets a stream in flight end before the replica stops and frees the port."""
 
 from __future__ import annotations
 
@@ -24,12 +24,15 @@ MODEL = "tiny-random"
 API_KEY = "front-key"
 STARTUP_TIMEOUT_S = 300
 SETTLE_S = 30.0
+HEAD_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 65_536
 
 
 def deploy(cluster: ServeCluster, name: str) -> str:
     """A tiny-random app named ``name`` whose ingress replica serves a free port itself; its base URL."""
     port = free_port()
-    app = build_app({"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "max_num_seqs": 16})
+    options = {"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "max_num_seqs": 16}
+    app = build_app(options | {"http_head_timeout_s": str(HEAD_TIMEOUT_S), "max_body_bytes": str(MAX_BODY_BYTES)})
     serve.run(app, name=name, route_prefix=f"/{name}", blocking=False)
     base_url = f"http://127.0.0.1:{port}"
     wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
@@ -72,6 +75,48 @@ def test_a_client_that_leaves_is_aborted_in_the_engine(front: str):
         while gauges(http)["spout:num_requests_running"] > 0:
             assert time.monotonic() < deadline, "the engine still runs the request of a client that left"
             time.sleep(0.2)
+
+
+def test_hostile_connections_are_refused_within_their_bounds_while_a_stream_runs(front: str):
+    """A head past the size limit (431), garbage (400), a head that never ends (closed after
+    http_head_timeout_s), a chunked body past max_body_bytes (413): each answered within its bound,
+    while a stream beside them runs to its end."""
+    host, port = front.removeprefix("http://").split(":")
+
+    async def raw(data: bytes, then_wait: bool = False) -> tuple[bytes, float]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        started = time.monotonic()
+        writer.write(data)
+        answer = await asyncio.wait_for(reader.read(), SETTLE_S)
+        writer.close()
+        return answer, time.monotonic() - started
+
+    async def stream() -> int:
+        body = {"model": MODEL, "prompt": "count", "max_tokens": 400, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        async with httpx.AsyncClient(base_url=front, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                frames = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        assert frames[-1] == "data: [DONE]"
+        return json.loads(frames[-2][len("data: ") :])["usage"]["completion_tokens"]
+
+    async def main() -> None:
+        key = f"authorization: Bearer {API_KEY}\r\n".encode()
+        chunked = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + key + b"transfer-encoding: chunked\r\n\r\n"
+        chunked += b"".join(b"%x\r\n%b\r\n" % (8192, b"x" * 8192) for _ in range(MAX_BODY_BYTES // 8192 + 4)) + b"0\r\n\r\n"
+        streamed, big_head, garbage, slow, big_body = await asyncio.gather(
+            stream(),
+            raw(b"GET /health HTTP/1.1\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n"),
+            raw(b"NOT HTTP\r\n\r\n"),
+            raw(b"GET /health HTTP/1.1\r\nhost: x\r\n"),
+            raw(chunked),
+        )
+        assert streamed == 400
+        assert big_head[0].startswith(b"HTTP/1.1 431 ") and garbage[0].startswith(b"HTTP/1.1 400 ")
+        assert slow[0] == b"" and HEAD_TIMEOUT_S - 0.5 < slow[1] < HEAD_TIMEOUT_S + 5
+        assert big_body[0].startswith(b"HTTP/1.1 413 "), big_body[0][:200]
+
+    asyncio.run(main())
+    assert httpx.get(f"{front}/health", timeout=10).status_code == 200
 
 
 def test_deleting_the_app_lets_a_stream_end_then_frees_the_port(cluster: ServeCluster):
