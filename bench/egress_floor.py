@@ -17,6 +17,8 @@
   ends in this process), `OutputRouter._route` on them (inline detok, stop and delivery),
   then each stream's `EngineClient.stream` through `EventStream` to a send that does
   nothing; CPU per token of this process.
+- ``spout_code_direct``: the same with a server that offers its body writer (as Spout's own
+  does, ``http_front=replica``): each frame is written from the router's loop, no task woken.
 
 Each measured process freezes its start-up heap first (`deployments.startup_heap`), as Serve's
 replicas and vLLM's API server do: else a full collection of torch's objects lands in a window now
@@ -45,10 +47,10 @@ from bench.lib.serve_cluster import free_port
 from deployments.detok_pool import DetokClient
 from deployments.engine_actor import Polled
 from deployments.engine_channel import ChannelAddress, ChannelServer, EngineMethod
-from deployments.engine_client import EngineClient, Submission
+from deployments.engine_client import EngineClient, OutputTally, Submission
 from deployments.http_server import HttpServer
 from deployments.metrics import IngressMetrics
-from deployments.openai.event_stream import EventStream
+from deployments.openai.event_stream import BODY_WRITER, EventStream
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, sse
 from deployments.prompt_encoder import PromptEncoder
@@ -186,7 +188,20 @@ class _ScriptedEngine:
         return Polled(0, outputs)
 
 
-async def _spout_code(streams: int, frames: int) -> dict:
+class _CountingBody:
+    """A `deployments.openai.event_stream.BodyWriter` that counts the chunks written to it."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+
+    def can_write_now(self) -> bool:
+        return True
+
+    def write_now(self, body: bytes) -> None:
+        self.chunks += 1
+
+
+async def _spout_code(streams: int, frames: int, direct: bool) -> dict:
     tokenizer = load_tokenizer("tiny-random")
     prompt = tokenizer.encode("Request 1: tell me something.")
     token_ids = tokenizer.encode(" the quick brown fox jumps over the lazy dog")
@@ -209,19 +224,21 @@ async def _spout_code(streams: int, frames: int) -> dict:
     freeze_startup_heap()  # as Serve does for a replica once it has started
     started = time.process_time()
     client = EngineClient([engine], "bench", PromptEncoder(tokenizer), detok, IngressMetrics("tiny-random", "bench"))  # its router starts polling at once
+    body = _CountingBody()
+    scope = {"type": "http", "extensions": {BODY_WRITER: {"writer": body}} if direct else {}}
     responses = []
     for i in range(streams):
         mailbox = Mailbox()
         stream = ChoiceStream(f"r{i}", 0, 0, mailbox, initial_state(tokenizer.tokenizer, prompt, params))
         client.router.register(stream)
-        submission = Submission(FORMAT, [stream], mailbox, len(prompt), [""], time.perf_counter())
-        responses.append(
-            asyncio.create_task(EventStream(client.stream(submission, StreamUsage(final=True, continuous=False)), lambda: None)({"type": "http"}, never, send))
-        )
+        submission = Submission(FORMAT, [stream], mailbox, len(prompt), [""], OutputTally(1, time.perf_counter(), client.metrics, None))
+        responses.append(asyncio.create_task(client.stream(submission, StreamUsage(final=True, continuous=False))(scope, never, send)))
     await asyncio.wait_for(asyncio.gather(*responses), 300)
     cpu_s = time.process_time() - started
     tokens = streams * frames
-    return {"path": "spout_code", "streams": streams, "units": tokens, "failed_streams": 0, "cpu_us_per_unit": round(cpu_s / tokens * 1e6, 1)}
+    assert sent + body.chunks == tokens + streams, (sent, body.chunks)  # a write per token (the last with the usage and [DONE]), and each body's end
+    path = "spout_code_direct" if direct else "spout_code"
+    return {"path": path, "streams": streams, "units": tokens, "failed_streams": 0, "cpu_us_per_unit": round(cpu_s / tokens * 1e6, 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -231,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     streams, frames = 256, 16 if args.quick else 64
     servers = [("uvicorn", "streaming_response"), ("uvicorn", "event_stream"), ("replica_server", "event_stream"), ("raw", "task"), ("raw", "step")]
     rows = [measure_server(server, response, streams, frames) for server, response in servers]
-    rows.append(asyncio.run(_spout_code(streams, frames)))
+    rows += [asyncio.run(_spout_code(streams, frames, direct)) for direct in (False, True)]
     print_table(rows)
     print(f"wrote {write_results('egress_floor', rows, quick=args.quick)}")
 

@@ -7,8 +7,9 @@ with Ray) for S seconds, and writes bench/results/serve_profile.txt: per process
 CPU µs per output token over the window, the functions with the largest share of
 its non-idle samples (inclusive), and the lines that spent them (self time), so the
 closing figures have a breakdown. ``--egress-peers`` profiles `bench.egress_peers`'s Spout
-side instead: ``make run``'s app (HAProxy in front, the defaults, its engine on one thread as there) on the egress-tiny folder, read
-by the httpx client, written to bench/results/serve_profile_egress_peers.txt.
+side instead: ``make run``'s app (the defaults, its engine on one thread as there) on the egress-tiny folder behind
+``--front`` (``serve``: HAProxy; ``replica``: the replicas' own server), read by the httpx client, written to
+bench/results/serve_profile_egress_peers.txt (``serve_profile_egress_peers_replica_front.txt``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ray.serve import Application
@@ -31,7 +33,7 @@ from bench import egress_peers
 from bench.lib.common import RESULTS_DIR, machine_info
 from bench.lib.load_client import completion_body, run_streams
 from bench.lib.process_cpu import cpu_seconds
-from bench.lib.serve_cluster import DEFAULT_PROXY, ServeCluster
+from bench.lib.serve_cluster import FRONTS, ServeCluster, front_options
 from bench.serve_load import HOST, MAIN_PROXY, TIMEOUT_S, Run, build, warm_up
 
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -83,11 +85,11 @@ def summarize(raw: Path, top: int) -> list[str]:
     return lines + ["  self time:"] + [f"  {100 * n / max(total, 1):5.1f}%  {frame[:130]}" for frame, n in leaves.most_common(top)]
 
 
-def profile(run: Run, app: Application, streams: int, seconds: int, top: int) -> list[str]:
-    """``app`` deployed as ``run.mode`` under ``run.proxy``, loaded with ``run.client``, sampled."""
+def profile(run: Run, app: Callable[[int], Application], streams: int, seconds: int, top: int) -> list[str]:
+    """``app(cluster port)`` deployed as ``run.mode`` under ``run.proxy``, loaded with ``run.client``, sampled."""
     lines = [f"{run.mode} under {run.proxy}, {run.client} client, {streams} streams of {run.max_tokens} tokens back to back, {seconds} s, py-spy at 100 Hz"]
     with ServeCluster(run.proxy) as cluster, tempfile.TemporaryDirectory() as folder:
-        port = cluster.deploy(app, run.mode)
+        port = cluster.deploy(app(cluster.port), run.mode)
         warm_up(port, run.model)
         load = LoadLoop(port, run.model, streams, run.max_tokens, run.client)
         load.thread.start()
@@ -135,14 +137,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--egress-peers", action="store_true", help="bench.egress_peers's Spout side: make run's app on the egress-tiny folder, httpx client")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="with --egress-peers: the app's http_front")
     args = parser.parse_args(argv)
     if args.egress_peers:
-        run = Run(egress_peers.SERVED_NAME, DEFAULT_PROXY, "defaults", (args.streams,), args.max_tokens, "serve_port", "httpx")
-        app = egress_peers.spout_app(egress_peers.model_folder())
-        path = RESULTS_DIR / "serve_profile_egress_peers.txt"
+        run = Run(egress_peers.SERVED_NAME, FRONTS[args.front], "defaults", (args.streams,), args.max_tokens, "serve_port", "httpx")
+        folder = egress_peers.model_folder()
+
+        def app(port: int) -> Application:
+            return egress_peers.spout_app(folder, front_options(args.front, port))
+
+        path = RESULTS_DIR / ("serve_profile_egress_peers" + ("_replica_front" if args.front == "replica" else "") + ".txt")
     else:
         run = Run(args.model, args.proxy, args.mode, (args.streams,), args.max_tokens)
-        app, path = build(run), RESULTS_DIR / "serve_profile.txt"
+        built, path = build(run), RESULTS_DIR / "serve_profile.txt"
+
+        def app(port: int) -> Application:
+            return built
+
     lines = [f"machine: {machine_info()}", f"load average before: {os.getloadavg()[0]:.2f}", *profile(run, app, args.streams, args.seconds, args.top)]
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

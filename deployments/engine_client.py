@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from functools import partial
 
 from ray.exceptions import RayActorError
 
@@ -15,8 +16,9 @@ from deployments.engine_actor import EngineHandle, NewRequest, Refusal
 from deployments.engine_channel import EngineChannel, EngineMethod
 from deployments.engine_routing import EngineRouting, KeyHomes
 from deployments.metrics import IngressMetrics
-from deployments.openai.choices import completion_body, completion_frames
-from deployments.openai.errors import APIError
+from deployments.openai.choices import CompletionFrames, completion_body, completion_frames
+from deployments.openai.errors import APIError, internal_error
+from deployments.openai.event_stream import EventStream, FrameSink
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, usage
@@ -33,6 +35,39 @@ LEAST_LOADED = EngineRouting()
 """Where no routing is given (tests with one engine): every request to the least-loaded engine."""
 
 
+class OutputTally:
+    """A request's outputs counted as they are taken from its mailbox: tokens, finished choices, and
+    the latency metrics and trace events they make."""
+
+    def __init__(self, num_choices: int, arrived: float, metrics: IngressMetrics, trace: RequestTrace | None) -> None:
+        self.unfinished = num_choices
+        self.completion_tokens = 0
+        self.arrived = arrived
+        self.metrics = metrics
+        self.trace = trace
+        self.last = 0.0
+        """`time.perf_counter` of the last deltas taken; 0 before the first."""
+
+    def observe(self, deltas: dict[int, ChoiceDelta]) -> None:
+        now = time.perf_counter()
+        first, new_tokens = self.last == 0.0, 0
+        for delta in deltas.values():
+            new_tokens += len(delta.token_ids)
+            if delta.finish_reason is not None:
+                self.unfinished -= 1
+                self.metrics.request_success.inc(delta.finish_reason)
+        if first:
+            self.metrics.ttft.observe(now - self.arrived)
+        elif new_tokens:
+            self.metrics.itl.observe((now - self.last) / new_tokens)
+        if self.trace is not None:
+            self.trace.message(new_tokens, first)
+        if not self.unfinished:
+            self.metrics.e2e.observe(now - self.arrived)
+        self.last = now
+        self.completion_tokens += new_tokens
+
+
 @dataclass
 class Submission:
     """One HTTP request in flight: its choices, and the prompt text to echo per choice."""
@@ -42,7 +77,7 @@ class Submission:
     mailbox: Mailbox
     num_prompt_tokens: int
     echo_texts: list[str]
-    arrived: float
+    tally: OutputTally
     trace: RequestTrace | None = None
 
     def usage(self, completion_tokens: int) -> dict[str, object]:
@@ -176,7 +211,8 @@ class EngineClient:
         self.metrics.prompt_tokens.inc(num_prompt_tokens)
         if (trace := current_trace.get()) is not None:
             trace.submitted(num_prompt_tokens, len(streams))
-        return Submission(format, streams, mailbox, num_prompt_tokens, echo_texts, time.perf_counter(), trace)
+        tally = OutputTally(len(streams), time.perf_counter(), self.metrics, trace)
+        return Submission(format, streams, mailbox, num_prompt_tokens, echo_texts, tally, trace)
 
     def _withdraw(self, streams: list[ChoiceStream]) -> None:
         """Forget choices whose submission failed; abort them all, since some may have been added
@@ -203,44 +239,50 @@ class EngineClient:
     async def deltas(self, submission: Submission) -> AsyncGenerator[dict[int, ChoiceDelta], None]:
         """The submission's deltas as its mailbox gives them (coalesced per choice), until every choice
         finished: what every API's writer renders (`deployments.openai.choices`, the Responses and
-        Messages writers). Latency and output tokens are counted here, and the choices are released when
-        it ends, however it ends (the writer closes it: `contextlib.aclosing`); the request's error raises."""
-        completion_tokens, unfinished = 0, len(submission.streams)
-        first, last = True, 0.0
+        Messages writers). Latency and output tokens are counted as they are taken (`OutputTally`), and
+        the choices are released when it ends, however it ends (the writer closes it:
+        `contextlib.aclosing`); the request's error raises."""
+        tally = submission.tally
         try:
-            while unfinished:
+            while tally.unfinished:
                 deltas = await submission.mailbox.take()
-                now = time.perf_counter()
-                new_tokens = 0
-                for delta in deltas.values():
-                    new_tokens += len(delta.token_ids)
-                    if delta.finish_reason is not None:
-                        unfinished -= 1
-                        self.metrics.request_success.inc(delta.finish_reason)
-                self._observe_latency(submission, first, last, now, new_tokens)
-                if submission.trace is not None:
-                    submission.trace.message(new_tokens, first)
-                if not unfinished:
-                    self.metrics.e2e.observe(now - submission.arrived)
-                first, last = False, now
-                completion_tokens += new_tokens
+                tally.observe(deltas)
                 yield deltas
         finally:
-            self.metrics.generation_tokens.inc(completion_tokens)
+            self.metrics.generation_tokens.inc(tally.completion_tokens)
             self.release(submission, cause="client_disconnect")
             if submission.trace is not None:
-                submission.trace.outputs_ended(completion_tokens)
+                submission.trace.outputs_ended(tally.completion_tokens)
 
-    def stream(self, submission: Submission, usage: StreamUsage) -> AsyncGenerator[str, None]:
-        """A completion's or chat's SSE frames (`deployments.openai.choices.completion_frames`)."""
-        return completion_frames(submission.format, submission.echo_texts, self.deltas(submission), submission.usage, usage)
+    def stream(self, submission: Submission, usage: StreamUsage) -> EventStream:
+        """A completion's or chat's SSE response (`deployments.openai.choices.CompletionFrames`). Where the
+        server lets frames be written directly, a one-choice request's steps are written from the
+        router's loop as they are delivered (`write_directly`)."""
+        frames = CompletionFrames(submission.format, submission.echo_texts, submission.usage, usage)
+        write_directly = partial(self._write_directly, submission, frames) if len(submission.streams) == 1 else None
+        return EventStream(completion_frames(frames, self.deltas(submission)), lambda: self.disconnect(submission), write_directly=write_directly)
+
+    @staticmethod
+    def _write_directly(submission: Submission, frames: CompletionFrames, sink: FrameSink) -> None:
+        """From now on the mailbox's deltas that finish nothing are made into a frame and written in the
+        router's call, while ``sink`` takes writes at once; the rest wakes the request's task as before
+        (`Mailbox.reader`), which then writes the end of the stream."""
+
+        def read(mailbox: Mailbox) -> bool:
+            if not sink.ready():
+                return False
+            deltas = mailbox.take_now()
+            submission.tally.observe(deltas)
+            try:
+                frame = frames.step(deltas)
+            except Exception as error:  # this request's fault alone: its task ends the stream with the error
+                mailbox.fail(error if isinstance(error, APIError) else internal_error(error, "a response stream"))
+                return True
+            sink.write(frame)
+            return True
+
+        submission.mailbox.reader = read
 
     async def collect(self, submission: Submission) -> dict[str, object]:
         """A completion's or chat's whole body (`deployments.openai.choices.completion_body`)."""
         return await completion_body(submission.format, submission.echo_texts, self.deltas(submission), submission.usage)
-
-    def _observe_latency(self, submission: Submission, first: bool, last: float, now: float, new_tokens: int) -> None:
-        if first:
-            self.metrics.ttft.observe(now - submission.arrived)
-        elif new_tokens:
-            self.metrics.itl.observe((now - last) / new_tokens)

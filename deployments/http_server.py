@@ -8,6 +8,10 @@ about 70 µs per token. Here a body chunk is one ``transport.write`` of the chun
 replicas of a node share the port through ``SO_REUSEPORT`` (the kernel spreads connections among
 them).
 
+A response may also write body chunks without an ASGI message: each request's scope offers its
+`Exchange` as a `deployments.openai.event_stream.BodyWriter` (``extensions``), so that an SSE stream's
+frames are written from the loop that makes them, no task woken per frame.
+
 What it does: HTTP/1.1 keep-alive (requests on a connection answered in order), chunked or
 sized request bodies read with back-pressure, ``Expect: 100-continue``, chunked responses unless
 the app sets ``content-length``, ``http.disconnect`` once the client leaves (or the response is
@@ -32,6 +36,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import httptools
+
+from deployments.openai.event_stream import BODY_WRITER
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -216,6 +222,7 @@ class Connection(asyncio.Protocol):
         }
         keep_alive = self.parser.should_keep_alive()
         exchange = Exchange(self, scope, keep_alive, (b"expect", b"100-continue") in self.headers)
+        scope["extensions"] = {BODY_WRITER: {"writer": exchange}}
         self.parsing = exchange
         if self.exchange is None:
             self._begin(exchange)
@@ -387,6 +394,16 @@ class Exchange:
             await self.connection.drained()
         else:
             self._finish()
+
+    def can_write_now(self) -> bool:
+        """`deployments.openai.event_stream.BodyWriter`: a chunked body under way, its client there, its socket not full."""
+        connection = self.connection
+        return self.chunked and not self.disconnected and not self.response_done and connection.writable is None and not connection.lost
+
+    def write_now(self, body: bytes) -> None:
+        """A chunk of the body, when `can_write_now`: what ``send`` writes for it, without waiting."""
+        if body:
+            self.connection.write(b"%x\r\n%b\r\n" % (len(body), body))
 
     def _head(self) -> bytes:
         assert self.started is not None

@@ -39,7 +39,6 @@ from deployments.limits import (
 )
 from deployments.metrics import CONTENT_TYPE, IngressMetrics, ReplicaState
 from deployments.openai.errors import APIError, internal_error
-from deployments.openai.event_stream import EventStream
 from deployments.openai.openapi import openapi_document
 from deployments.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai.reasoning import answer_budget, constrained_after_thinking
@@ -253,7 +252,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         if answer is not None:
             return await answer(client, submission, fmt.tool_calls)
         if body.stream:
-            return EventStream(client.stream(submission, body.stream_usage), lambda: client.disconnect(submission))
+            return client.stream(submission, body.stream_usage)
         return JSONResponse(await client.collect(submission))
 
     async def completions(self, request: Request) -> Response:

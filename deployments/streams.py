@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deployments.openai.errors import APIError
@@ -22,6 +23,11 @@ class Mailbox:
     The idle timeout costs no timer per take: one timer per mailbox, armed by the first take
     that waits and re-armed (from the last output) only when it fires, so at most once per
     ``idle_timeout_s``; `close` cancels it.
+
+    With a ``reader``, deltas that would wake the waiting take are offered to it first, in the
+    pusher's call (the router's loop): when it takes them (`take_now`) and returns True, no task
+    wakes. A choice's finish, an error, and deltas pushed while the take is already woken always
+    go to the take, so that it sees everything after what the reader took, in order.
     """
 
     def __init__(self, stream_interval: int = 1, idle_timeout_s: float | None = None) -> None:
@@ -35,6 +41,7 @@ class Mailbox:
         self.last_output = 0.0
         """`time.monotonic` of the last push, or of the start of the last take."""
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.reader: Callable[[Mailbox], bool] | None = None
 
     def push(
         self,
@@ -59,6 +66,8 @@ class Mailbox:
         if self.idle_timer is not None:
             self.last_output = time.monotonic()
         if finish_reason is not None or len(delta.token_ids) >= self.stream_interval or index not in self.started:
+            if finish_reason is None and self.reader is not None and not self.ready.is_set() and self.error is None and self.reader(self):
+                return
             self.ready.set()
 
     def fail(self, error: APIError) -> None:
@@ -101,6 +110,10 @@ class Mailbox:
         self.ready.clear()
         if self.error is not None:
             raise self.error
+        return self.take_now()
+
+    def take_now(self) -> dict[int, ChoiceDelta]:
+        """The deltas waiting now (none, if none), without waiting."""
         pending, self.pending = self.pending, {}
         self.started.update(pending)
         return pending

@@ -50,7 +50,7 @@ PROXY_OPTIONS: dict[str, dict[str, str]] = {
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
     "throughput_optimized_haproxy": FAST_PATH_ENV | idle_env({}),
-    "replica_front": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"} | idle_env({}),
+    "replica_front": FAST_PATH_ENV | idle_env({}),  # `make run ARGS="http_front=replica"`'s: the same environment as HAProxy's, with no proxy started
 }
 DEFAULT_PROXY = "throughput_optimized_haproxy"
 COMMON_ENV = {

@@ -1,6 +1,6 @@
 """Completions and Chat Completions written from the engine's deltas: the choice builder.
 
-`completion_frames` streams SSE chunks, `completion_body` answers the whole body; both read the
+`CompletionFrames` makes SSE chunks (`completion_frames` streams them), `completion_body` answers the whole body; both read the
 deltas `deployments.engine_client.EngineClient.deltas` gives (which owns the request's life: its
 metrics, its release and abort), and every choice is built here (`choice_json`, `full_choice`).
 """
@@ -22,46 +22,75 @@ Usage = Callable[[int], dict[str, object]]
 """The request's usage for so many completion tokens."""
 
 
-async def completion_frames(
-    fmt: ResponseFormat, echo_texts: list[str], deltas: AsyncGenerator[dict[int, ChoiceDelta], None], usage_of: Usage, usage: StreamUsage
-) -> AsyncGenerator[str, None]:
-    """SSE frames until every choice finished, then ``[DONE]``; an error frame if the request fails midway.
-    ``echo_texts``: the prompt text each choice echoes (one per choice)."""
-    completion_tokens = 0
-    tail = ""  # the last chunk, usage and [DONE] go out in one write
+class CompletionFrames:
+    """A completion's or chat's SSE frames, made one step of deltas at a time: `opening`, a frame per
+    `step`, then `ending` (the last chunk, usage and ``[DONE]`` in one write). ``echo_texts``: the
+    prompt text each choice echoes (one per choice). Nothing here waits: `completion_frames` feeds it
+    from the request's deltas, and the router's loop may feed it directly (`deployments.engine_client`)."""
 
-    def usage_so_far() -> dict[str, object] | None:
-        return usage_of(completion_tokens) if usage.continuous else None
+    def __init__(self, fmt: ResponseFormat, echo_texts: list[str], usage_of: Usage, usage: StreamUsage) -> None:
+        self.fmt = fmt
+        self.echo_texts = echo_texts
+        self.usage_of = usage_of
+        self.usage = usage
+        self.completion_tokens = 0
+        self.unfinished = len(echo_texts)
+        self.tail = ""
+        """The frame of the step that finished the last choice, written with the ending."""
+        self.offsets = [len(text) for text in echo_texts]
+        self.calls = [ChoiceToolCalls(fmt.tool_calls) for _ in echo_texts] if fmt.tool_calls else None
+        self.thoughts = [ReasoningSplitter(fmt.reasoning) for _ in echo_texts] if fmt.reasoning is not None else None
 
+    def _usage_so_far(self) -> dict[str, object] | None:
+        return self.usage_of(self.completion_tokens) if self.usage.continuous else None
+
+    def opening(self) -> str | None:
+        """A chat's first frame (each choice's role, and an echo's prompt), or None."""
+        # An echo with logprobs goes out with its logprobs, which come with the choice's first delta.
+        opening = [""] * len(self.offsets) if self.fmt.echo_logprobs is not None else self.echo_texts
+        if not (self.fmt.chat or any(opening)):
+            return None
+        roles = [self.fmt.chunk_choice(i, opening[i], None, None, role=True) for i in range(len(self.echo_texts))]
+        return self.fmt.chunk_frame(roles, self._usage_so_far())
+
+    def step(self, step: dict[int, ChoiceDelta]) -> str:
+        """The frame of one step's deltas; "" for the step that finishes the last choice (kept for `ending`)."""
+        fmt, calls, thoughts = self.fmt, self.calls, self.thoughts
+        choices = []
+        for i, d in step.items() if len(step) == 1 else sorted(step.items()):
+            self.completion_tokens += len(d.token_ids)
+            self.unfinished -= d.finish_reason is not None
+            choices.append(choice_json(fmt, i, d, self.offsets[i], calls[i] if calls else None, self.echo_texts[i], thoughts[i] if thoughts else None))
+            self.offsets[i] += len(d.text)
+        frame = fmt.encoded_chunk_frame(choices, self._usage_so_far())
+        if self.unfinished:
+            return frame
+        self.tail = frame
+        return ""
+
+    def ending(self, error: APIError | None = None) -> str:
+        """The last write: the last step's frame and the usage chunk, or ``error``'s frame; then ``[DONE]``."""
+        if error is not None:
+            return error.sse_frame() + DONE_FRAME
+        usage = sse(self.fmt.usage_chunk(self.usage_of(self.completion_tokens))) if self.usage.final else ""
+        return self.tail + usage + DONE_FRAME
+
+
+async def completion_frames(frames: CompletionFrames, deltas: AsyncGenerator[dict[int, ChoiceDelta], None]) -> AsyncGenerator[str, None]:
+    """``frames`` until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
+    error: APIError | None = None
     try:
         async with aclosing(deltas):
-            offsets = [len(text) for text in echo_texts]
-            calls = [ChoiceToolCalls(fmt.tool_calls) for _ in echo_texts] if fmt.tool_calls else None
-            thoughts = [ReasoningSplitter(fmt.reasoning) for _ in echo_texts] if fmt.reasoning is not None else None
-            # An echo with logprobs goes out with its logprobs, which come with the choice's first delta.
-            opening = [""] * len(offsets) if fmt.echo_logprobs is not None else echo_texts
-            if fmt.chat or any(opening):
-                roles = [fmt.chunk_choice(i, opening[i], None, None, role=True) for i in range(len(echo_texts))]
-                yield fmt.chunk_frame(roles, usage_so_far())
-            unfinished = len(echo_texts)
+            if (opening := frames.opening()) is not None:
+                yield opening
             async for step in deltas:
-                choices = []
-                for i, d in step.items() if len(step) == 1 else sorted(step.items()):
-                    completion_tokens += len(d.token_ids)
-                    unfinished -= d.finish_reason is not None
-                    choices.append(choice_json(fmt, i, d, offsets[i], calls[i] if calls else None, echo_texts[i], thoughts[i] if thoughts else None))
-                    offsets[i] += len(d.text)
-                if unfinished:
-                    yield fmt.encoded_chunk_frame(choices, usage_so_far())
-                else:
-                    tail = fmt.encoded_chunk_frame(choices, usage_so_far())
-        if usage.final:
-            tail += sse(fmt.usage_chunk(usage_of(completion_tokens)))
-    except APIError as error:
-        tail = error.sse_frame()
-    except Exception as error:  # a fault of this request alone: its stream ends with an error frame, not cut
-        tail = internal_error(error, "a response stream").sse_frame()
-    yield tail + DONE_FRAME
+                if frame := frames.step(step):
+                    yield frame
+    except APIError as failure:
+        error = failure
+    except Exception as failure:  # a fault of this request alone: its stream ends with an error frame, not cut
+        error = internal_error(failure, "a response stream")
+    yield frames.ending(error)
 
 
 async def completion_body(

@@ -1,5 +1,11 @@
 """`EventStream`: the ASGI response that streams SSE frames, with one plain task listening for the client leaving,
-and the event loop's `Pinger`, which pings silent streams (so that a proxy in front notices a client that left)."""
+and the event loop's `Pinger`, which pings silent streams (so that a proxy in front notices a client that left).
+
+A server that can write a response's body chunks without an ASGI message (Spout's own,
+`deployments.http_server`) offers a `BodyWriter` in the scope's ``extensions`` under `BODY_WRITER`; an
+`EventStream` given ``write_directly`` then lets its frames be written as they are made, from the
+caller of `FrameSink.write`, with no task woken per frame.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import asyncio
 import contextvars
 import weakref
 from collections.abc import AsyncGenerator, Callable
+from typing import Protocol
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -14,6 +21,30 @@ from starlette.types import Receive, Scope, Send
 PING_FRAME = b": ping\n\n"
 """An SSE comment: clients (the openai SDK too) skip it."""
 PING_INTERVAL_S = 1.0
+BODY_WRITER = "spout.body_writer"
+"""The ASGI extension (``scope["extensions"][BODY_WRITER]["writer"]``) of a server that offers a `BodyWriter`."""
+
+
+class BodyWriter(Protocol):
+    """A response body's synchronous writes, next to ASGI's ``send``."""
+
+    def can_write_now(self) -> bool:
+        """The head has gone, the client is there and its socket takes writes: `write_now` would not wait."""
+        ...
+
+    def write_now(self, body: bytes) -> None:
+        """One chunk of the body, as ``send`` of an ``http.response.body`` with ``more_body`` would write it."""
+        ...
+
+
+class FrameSink(Protocol):
+    """Where a stream's frames may be written without waiting (`EventStream`, over a `BodyWriter`)."""
+
+    def ready(self) -> bool:
+        """`write` would write the frame now, after every frame the stream sent."""
+        ...
+
+    def write(self, frame: str) -> None: ...
 
 
 class EventStream(Response):
@@ -27,6 +58,10 @@ class EventStream(Response):
     sent after it. A response cut short another way (a failed send, a cancellation) calls
     ``on_disconnect`` too.
 
+    With ``write_directly`` and a server that offers a `BodyWriter`, the stream is itself a
+    `FrameSink`, handed to ``write_directly`` once the response has started: whoever makes frames may
+    then write them at once (while `ready`), between the frames of ``frames``, which still ends the body.
+
     A stream that has sent nothing for ``ping_interval_s`` (a request waiting in the engine's
     queue) gets a `PING_FRAME` from the loop's `Pinger`: one task for all streams, so that a
     busy stream costs no timer. A proxy in front of the replica (HAProxy on ``make run``'s
@@ -37,9 +72,17 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncGenerator[str, None], on_disconnect: Callable[[], None], ping_interval_s: float = PING_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        frames: AsyncGenerator[str, None],
+        on_disconnect: Callable[[], None],
+        ping_interval_s: float = PING_INTERVAL_S,
+        write_directly: Callable[[FrameSink], None] | None = None,
+    ) -> None:
         self.frames = frames
         self.on_disconnect = on_disconnect
+        self.write_directly = write_directly
+        self.body_writer: BodyWriter | None = None
         self.ping_interval_s = ping_interval_s
         self.status_code = 200
         self.background = None
@@ -59,6 +102,9 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             listener = asyncio.get_running_loop().create_task(self._listen(receive))
             pinger.add(self)
+            if self.write_directly is not None and (offered := scope.get("extensions", {}).get(BODY_WRITER)) is not None:
+                self.body_writer = offered["writer"]
+                self.write_directly(self)
             async for frame in self.frames:
                 if self.client_left:
                     break
@@ -69,6 +115,7 @@ class EventStream(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 ended = True
         finally:
+            self.body_writer = None
             pinger.remove(self)
             for task in (listener, self.ping_task):
                 if task is not None:
@@ -78,6 +125,16 @@ class EventStream(Response):
                 # its own cleanup would not): the request must not keep running for nobody.
                 self.on_disconnect()
             await self.frames.aclose()
+
+    def ready(self) -> bool:
+        """`FrameSink.ready`: frames may be written now, from outside ``frames``."""
+        return self.body_writer is not None and not self.client_left and not self.body_ended and self.body_writer.can_write_now()
+
+    def write(self, frame: str) -> None:
+        """`FrameSink.write`, when `ready`."""
+        assert self.body_writer is not None
+        self.frames_sent += 1
+        self.body_writer.write_now(frame.encode())
 
     async def _listen(self, receive: Receive) -> None:
         """Waits for ``http.disconnect``: one pending receive, no timer."""

@@ -85,7 +85,7 @@ async def run(
         return await client.collect(submission)
     return [
         json.loads(frame[len("data: ") :])
-        for part in [f async for f in client.stream(submission, StreamUsage(final=False, continuous=False))]
+        for part in [f async for f in client.stream(submission, StreamUsage(final=False, continuous=False)).frames]
         for frame in part.split("\n\n")
         if frame.startswith("data: {")
     ]
@@ -158,7 +158,7 @@ def test_a_fault_nobody_foresaw_ends_the_stream_with_an_error_frame(monkeypatch)
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=1 << 20, tokens_per_call=256)
         client = EngineClient([ScriptedEngine(3)], "sub", PromptEncoder(TOKENIZER), detok, IngressMetrics("tiny-random", "test-replica"))
         submission = await client.submit(response_format(), [TOKENIZER.encode("Weather?")], SamplingParams(max_tokens=None), echo=False)
-        return "".join([f async for f in client.stream(submission, StreamUsage(final=False, continuous=False))])
+        return "".join([f async for f in client.stream(submission, StreamUsage(final=False, continuous=False)).frames])
 
     text = asyncio.run(frames())
     assert text.endswith(

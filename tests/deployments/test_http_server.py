@@ -1,11 +1,12 @@
 """The replica's own HTTP server in-process, over loopback: sized and streamed responses, keep-alive and
 pipelining, request bodies (sized, chunked, ``Expect: 100-continue``, larger than the read buffer),
-the client leaving, the limits on a request's head, malformed input, drain, and ``SO_REUSEPORT``."""
+body chunks written without ASGI (the `BODY_WRITER` extension) beside ``send`` under back-pressure, the client leaving, the limits on a request's head, malformed input, drain, and ``SO_REUSEPORT``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deployments.http_server import HttpServer, ServerLimits, listening_socket
-from deployments.openai.event_stream import EventStream
+from deployments.openai.event_stream import BODY_WRITER, EventStream
 
 WAIT_S = 10.0
 HOST = "127.0.0.1"
@@ -153,6 +154,58 @@ def test_streamed_response_is_chunked_and_ends():
             assert len(server.connections) == 1
 
     run(frames_app(50), test)
+
+
+def test_body_chunks_written_directly_and_sent_interleave_in_order_under_back_pressure():
+    """The app writes each chunk at once while the body writer can, else through ``send`` (which waits for
+    the client): a client that reads nothing for a while fills the socket, so both ways are taken,
+    and it still reads every chunk once, in order."""
+    count, chunk = 200, "x" * 1000
+    ways = {"direct": 0, "send": 0}
+
+    async def app(scope, receive, send) -> None:
+        await Request(scope, receive).body()
+        writer = scope["extensions"][BODY_WRITER]["writer"]
+        assert not writer.can_write_now()  # no head yet
+        transport = writer.connection.transport  # small buffers on both ends, so that the client's socket fills soon
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=4096)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for i in range(count):
+            frame = f"data: {i} {chunk}\n\n".encode()
+            if writer.can_write_now():
+                ways["direct"] += 1
+                writer.write_now(frame)
+            else:
+                ways["send"] += 1
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        assert not writer.can_write_now()  # the response is over
+
+    async def test(server: HttpServer) -> None:
+        reader, writer = await asyncio.open_connection(HOST, server.port)
+        writer.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await asyncio.sleep(0.3)  # the socket fills meanwhile
+        raw = await reader.read()
+        writer.close()
+        body = raw.split(b"\r\n\r\n", 1)[1]
+        frames = decode_chunked(body).decode().split("\n\n")
+        assert frames == [f"data: {i} {chunk}" for i in range(count)] + [""]
+
+    run(app, test)
+    assert ways["direct"] > 0 and ways["send"] > 0, ways
+
+
+def decode_chunked(body: bytes) -> bytes:
+    """A chunked body's data (the test's own reading, not the server's code)."""
+    data, rest = b"", body
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return data
+        data, rest = data + rest[:size], rest[size + 2 :]
 
 
 def test_a_client_that_leaves_is_seen_by_the_app():

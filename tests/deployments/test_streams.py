@@ -1,4 +1,4 @@
-"""Mailbox wake-ups under a stream interval, and chunk frames as plain SSE of the chunk."""
+"""Mailbox wake-ups under a stream interval and with a reader, and chunk frames as plain SSE of the chunk."""
 
 from __future__ import annotations
 
@@ -50,6 +50,55 @@ def test_a_mailbox_without_output_for_its_idle_timeout_fails_with_504():
     with pytest.raises(APIError) as raised:
         asyncio.run(run())
     assert raised.value.status == 504 and raised.value.code == "stream_timeout"
+
+
+def test_a_reader_takes_what_finishes_nothing_and_the_take_gets_the_rest_in_order():
+    """The reader takes each ready delta in the pusher's call (no wake) while it can; a delta it cannot
+    take, a delta pushed while the take is woken, the finish and an error all go to the take."""
+
+    async def run() -> tuple[list[str], list[str]]:
+        mailbox = Mailbox(stream_interval=2)
+        read: list[str] = []
+        taken: list[str] = []
+        able = True
+
+        def reader(box: Mailbox) -> bool:
+            if not able:
+                return False
+            read.append(box.take_now()[0].text)
+            return True
+
+        mailbox.reader = reader
+        mailbox.push(0, "a", [1], None, None, None)  # the first delta: ready at once, read
+        mailbox.push(0, "b", [2], None, None, None)  # interval 2: waits
+        mailbox.push(0, "c", [3], None, None, None)  # ready: read
+        assert not mailbox.ready.is_set()
+        able = False
+        mailbox.push(0, "d", [4], None, None, None)
+        mailbox.push(0, "e", [5], None, None, None)  # the reader cannot: the take is woken
+        assert mailbox.ready.is_set()
+        able = True
+        mailbox.push(0, "f", [6], None, None, None)
+        mailbox.push(0, "g", [7], None, None, None)  # the take is already woken: these join what it takes
+        taken.append((await mailbox.take())[0].text)
+        mailbox.push(0, "h", [8], "stop", None, None)  # a finish goes to the take
+        assert mailbox.ready.is_set()
+        taken.append((await mailbox.take())[0].text)
+        return read, taken
+
+    assert asyncio.run(run()) == (["a", "bc"], ["defg", "h"])
+
+
+def test_a_failed_mailbox_never_offers_its_reader_more():
+    async def run() -> None:
+        mailbox = Mailbox()
+        mailbox.reader = lambda box: pytest.fail("read after the error")
+        mailbox.fail(APIError(499, "gone", code="client_closed_request"))
+        mailbox.push(0, "a", [1], None, None, None)
+        await mailbox.take()
+
+    with pytest.raises(APIError):
+        asyncio.run(run())
 
 
 @given(st.text(), st.booleans(), st.sampled_from([None, "stop", "length"]), st.one_of(st.none(), st.integers(0, 9), st.text(max_size=5)))

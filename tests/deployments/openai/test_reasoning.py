@@ -14,7 +14,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from tokenizers import AddedToken, Tokenizer
 
 from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
-from deployments.openai.choices import completion_body, completion_frames
+from deployments.openai.choices import CompletionFrames, completion_body, completion_frames
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter, answer_budget, constrained_after_thinking
@@ -89,7 +89,7 @@ def test_chat_streams_reasoning_content_and_content_apart_whatever_the_split(cut
     fmt = ResponseFormat.new("chatcmpl-1", "m", chat=True, reasoning=REASONING_PARSERS["qwen3"])
 
     async def both():
-        frames = [f async for f in completion_frames(fmt, [""], deltas_for(pieces_of(TEXT, cuts)), lambda n: {}, StreamUsage(False, False))]
+        frames = [f async for f in completion_frames(CompletionFrames(fmt, [""], lambda n: {}, StreamUsage(False, False)), deltas_for(pieces_of(TEXT, cuts)))]
         whole = await completion_body(fmt, [""], deltas_for(pieces_of(TEXT, cuts)), lambda n: {})
         return frames, whole
 
