@@ -105,7 +105,7 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.app_name = context.app_name
         self.engines = engine_handles(self.args, self.app_name)
         self.metrics = IngressMetrics(self.args.model_name, context.replica_id.unique_id)
-        self.encoder = PromptEncoder(self.tokenizer, self.args.max_encode_backlog_bytes)
+        self.encoder = PromptEncoder(self.tokenizer, self.args.max_encode_backlog_bytes, inline_max_bytes=self.args.inline_encode_max_bytes)
         self.detok = DetokClient(self.tokenizer.tokenizer, detok_pool, self.args.inline_detok_threshold, self.args.detok_tokens_per_call)
         self.subscriber = uuid.uuid4().hex
         self.engine_client: asyncio.Task[EngineClient] | None = None

@@ -87,7 +87,7 @@ def replica(
     made.args = ServeArgs(model=model, max_model_len=max_model_len, **options)
     made.auth = APIKeyCheck(None)
     made.tokenizer = tokenizer or load_tokenizer(model)
-    made.encoder = PromptEncoder(made.tokenizer)
+    made.encoder = PromptEncoder(made.tokenizer, made.args.max_encode_backlog_bytes, inline_max_bytes=made.args.inline_encode_max_bytes)
     made.metrics = IngressMetrics(made.args.model_name, "test-replica")
     made.max_model_len = max_model_len
     made.in_flight = ChoiceReservations()

@@ -1,5 +1,6 @@
-"""Prompts and chat templates are encoded on the encoder's worker threads, never on the event loop;
-their queue is bounded, and a request that would pass it is the one refused."""
+"""Prompts and chat templates are encoded on the encoder's worker threads, on the event loop only when
+they are at most ``inline_max_bytes``; the workers' queue is bounded, and a request that would pass it
+is the one refused."""
 
 from __future__ import annotations
 
@@ -43,16 +44,34 @@ def _recording() -> ThreadRecordingTokenizer:
 
 def test_prompts_and_chat_encode_off_the_loop():
     tokenizer = _recording()
-    encoder = PromptEncoder(tokenizer)
+    encoder = PromptEncoder(tokenizer, inline_max_bytes=0)
     messages = [{"role": "user", "content": "Hi"}]
 
     async def run() -> tuple[list[list[int]], list[int]]:
-        return await encoder.prompts(["Hello world", [5, 6], "Bye"]), await encoder.chat(messages, True)
+        return await encoder.prompts(["Hello world", [5, 6], "Bye"]), await encoder.chat(messages, True, text_bytes=66)
 
     prompts, chat = asyncio.run(run())
     assert prompts == [TOKENIZER.encode("Hello world"), [5, 6], TOKENIZER.encode("Bye")]
     assert chat == TOKENIZER.encode_chat(messages, True)
     assert len(tokenizer.threads) == 3 and all(name.startswith("spout-encode") for name in tokenizer.threads)
+
+
+def test_text_up_to_the_inline_limit_encodes_on_the_loop_and_longer_text_on_the_workers():
+    tokenizer = _recording()
+    encoder = PromptEncoder(tokenizer, inline_max_bytes=100)
+    messages = [{"role": "user", "content": "Hi"}]
+
+    async def run() -> list[str]:
+        loop_thread = threading.current_thread().name
+        await encoder.prompts(["a" * 60, "b" * 40])  # 100 bytes together: inline
+        await encoder.prompts(["a" * 60, "b" * 41])  # 101: the workers
+        await encoder.chat(messages, True, text_bytes=66)  # as the limits count it: inline
+        await encoder.chat(messages, True, text_bytes=101)
+        await encoder.chat(messages, True)  # not counted: the workers
+        return [name == loop_thread for name in tokenizer.threads]
+
+    on_loop = asyncio.run(run())
+    assert on_loop == [True, True, False, False, True, False, False]  # prompts encode one by one
 
 
 def test_token_id_prompts_skip_the_pool():
@@ -85,7 +104,7 @@ def _blocking() -> BlockingTokenizer:
 
 def test_a_request_that_would_pass_the_backlog_gets_503_and_the_queued_one_runs():
     tokenizer = _blocking()
-    encoder = PromptEncoder(tokenizer, max_backlog_bytes=JOB_BYTES + 100, workers=1)
+    encoder = PromptEncoder(tokenizer, max_backlog_bytes=JOB_BYTES + 100, workers=1, inline_max_bytes=0)
 
     async def run() -> tuple[list[list[int]], APIError, int]:
         queued = asyncio.create_task(encoder.prompts(["x" * 50]))
@@ -102,7 +121,7 @@ def test_a_request_that_would_pass_the_backlog_gets_503_and_the_queued_one_runs(
 
 
 def test_an_empty_backlog_takes_a_job_over_its_limit():
-    encoder = PromptEncoder(TOKENIZER, max_backlog_bytes=1)
+    encoder = PromptEncoder(TOKENIZER, max_backlog_bytes=1, inline_max_bytes=0)
     assert asyncio.run(encoder.prompts(["a long prompt"])) == [TOKENIZER.encode("a long prompt")]
     assert encoder.backlog.held == 0
 
