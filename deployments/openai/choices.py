@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from deployments.openai.errors import APIError, internal_error
+from deployments.openai.event_stream import FinalFrame
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
@@ -90,7 +91,7 @@ async def completion_frames(frames: CompletionFrames, deltas: AsyncGenerator[dic
         error = failure
     except Exception as failure:  # a fault of this request alone: its stream ends with an error frame, not cut
         error = internal_error(failure, "a response stream")
-    yield frames.ending(error)
+    yield FinalFrame(frames.ending(error))
 
 
 async def completion_body(

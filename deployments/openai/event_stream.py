@@ -25,6 +25,10 @@ BODY_WRITER = "spout.body_writer"
 """The ASGI extension (``scope["extensions"][BODY_WRITER]["writer"]``) of a server that offers a `BodyWriter`."""
 
 
+class FinalFrame(str):
+    """A stream's last frame: `EventStream` writes it with the end of the body, one write for both."""
+
+
 class BodyWriter(Protocol):
     """A response body's synchronous writes, next to ASGI's ``send``."""
 
@@ -74,7 +78,7 @@ class EventStream(Response):
 
     def __init__(
         self,
-        frames: AsyncGenerator[str, None],
+        frames: AsyncGenerator[str, None],  # its last may be a `FinalFrame`
         on_disconnect: Callable[[], None],
         ping_interval_s: float = PING_INTERVAL_S,
         write_directly: Callable[[FrameSink], None] | None = None,
@@ -105,14 +109,18 @@ class EventStream(Response):
             if self.write_directly is not None and (offered := scope.get("extensions", {}).get(BODY_WRITER)) is not None:
                 self.body_writer = offered["writer"]
                 self.write_directly(self)
+            last = b""
             async for frame in self.frames:
                 if self.client_left:
                     break
                 self.frames_sent += 1
+                if isinstance(frame, FinalFrame):
+                    last = frame.encode()
+                    break
                 await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
             if not self.client_left:
                 self.body_ended = True  # no ping after this
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await send({"type": "http.response.body", "body": last, "more_body": False})
                 ended = True
         finally:
             self.body_writer = None

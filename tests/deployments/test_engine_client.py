@@ -154,7 +154,7 @@ def test_request_strings_are_tokenized_once_per_request_on_a_worker_thread():
     async def run() -> tuple[SlowEngine, threading.Thread]:
         engine = SlowEngine()
         detok = DetokClient(TOKENIZER.tokenizer, None, inline_threshold=0, tokens_per_call=1)
-        client = EngineClient([engine], "sub", PromptEncoder(tokenizer), detok, IngressMetrics("tiny-random", "test-replica"))
+        client = EngineClient([engine], "sub", PromptEncoder(tokenizer, inline_max_bytes=0), detok, IngressMetrics("tiny-random", "test-replica"))
         fmt = ResponseFormat.new("cmpl-x", "m", chat=False)
         await client.submit(fmt, [TOKENIZER.encode("Hello"), TOKENIZER.encode("Bye")], params, echo=False)
         return engine, threading.current_thread()

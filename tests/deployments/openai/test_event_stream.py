@@ -1,11 +1,12 @@
-"""`EventStream` with a fake ASGI server: frames in order, and a client that leaves mid-stream."""
+"""`EventStream` with a fake ASGI server: frames in order, a final frame sent with the body's end, and a
+client that leaves mid-stream."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
 
-from deployments.openai.event_stream import PING_FRAME, EventStream
+from deployments.openai.event_stream import PING_FRAME, EventStream, FinalFrame
 
 
 async def _serve(stream: EventStream, receive_messages: asyncio.Queue) -> list[dict]:
@@ -35,6 +36,15 @@ def test_frames_are_sent_in_order_then_the_body_ends():
     assert not any(name == b"content-length" for name, _ in sent[0]["headers"])
     assert [m["body"] for m in sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
     assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]
+
+
+def test_a_final_frame_goes_out_with_the_end_of_the_body():
+    async def frames() -> AsyncGenerator[str, None]:
+        yield "data: 0\n\n"
+        yield FinalFrame("data: [DONE]\n\n")
+
+    sent = asyncio.run(asyncio.wait_for(_serve(EventStream(frames(), lambda: None), asyncio.Queue()), 10))
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [(b"data: 0\n\n", True), (b"data: [DONE]\n\n", False)]
 
 
 def test_a_client_that_leaves_is_reported_at_once_and_sent_nothing_more():
