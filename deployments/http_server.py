@@ -10,7 +10,13 @@ them).
 
 A response may also write body chunks without an ASGI message: each request's scope offers its
 `Exchange` as a `deployments.openai.event_stream.BodyWriter` (``extensions``), so that an SSE stream's
-frames are written from the loop that makes them, no task woken per frame.
+frames are written from the loop that makes them, no task woken per frame. Those chunks wait until
+the end of the event loop's turn and then go out together (`HttpServer.flush_writes`): the router
+makes a whole step's frames, then the sends follow in one burst. Each send wakes a client, which on
+a busy machine preempts the loop; with the sends after the step's work, that work runs on warm caches
+(measured on 2 cores, two interleaved pairs of runs: the ingress 29.9 / 31.1 µs a token at 64 streams
+against 34.8 / 37.2 with each frame sent as it was made, 33.0 / 33.0 against 34.8 / 36.6 at 256). An
+ASGI ``send`` writes what is queued first, so a connection's bytes keep their order.
 
 What it does: HTTP/1.1 keep-alive (requests on a connection answered in order), chunked or
 sized request bodies read with back-pressure, ``Expect: 100-continue``, chunked responses unless
@@ -71,8 +77,22 @@ class HttpServer:
         self.limits = limits
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
+        self.queued_writes: list[tuple[Connection, bytes]] = []
+        """Body chunks written by `Exchange.write_now` this turn of the event loop, not sent yet."""
         self.port = 0
         """The port it listens on, once started (the one given, or the one chosen for port 0)."""
+
+    def queue_write(self, connection: Connection, data: bytes) -> None:
+        """``data`` for ``connection``, written with the others at the end of the event loop's turn."""
+        if not self.queued_writes:
+            asyncio.get_running_loop().call_soon(self.flush_writes)
+        self.queued_writes.append((connection, data))
+
+    def flush_writes(self) -> None:
+        """Write what `queue_write` holds, in order."""
+        queued, self.queued_writes = self.queued_writes, []
+        for connection, data in queued:
+            connection.write(data)
 
     async def start(self, host: str, port: int) -> None:
         await self.serve(listening_socket(host, port))
@@ -370,6 +390,8 @@ class Exchange:
     async def send(self, message: Message) -> None:
         if self.disconnected or self.response_done:
             return  # the client left: nothing more reaches it
+        if self.connection.server.queued_writes:
+            self.connection.server.flush_writes()  # what write_now queued goes first
         if message["type"] == "http.response.start":
             if self.started is not None:
                 raise RuntimeError("http.response.start sent twice")
@@ -401,9 +423,10 @@ class Exchange:
         return self.chunked and not self.disconnected and not self.response_done and connection.writable is None and not connection.lost
 
     def write_now(self, body: bytes) -> None:
-        """A chunk of the body, when `can_write_now`: what ``send`` writes for it, without waiting."""
+        """A chunk of the body, when `can_write_now`: what ``send`` writes for it, without waiting; it goes
+        out at the end of the event loop's turn, with the other responses' (`HttpServer.queue_write`)."""
         if body:
-            self.connection.write(b"%x\r\n%b\r\n" % (len(body), body))
+            self.connection.server.queue_write(self.connection, b"%x\r\n%b\r\n" % (len(body), body))
 
     def _head(self) -> bytes:
         assert self.started is not None

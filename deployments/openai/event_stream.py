@@ -37,7 +37,8 @@ class BodyWriter(Protocol):
         ...
 
     def write_now(self, body: bytes) -> None:
-        """One chunk of the body, as ``send`` of an ``http.response.body`` with ``more_body`` would write it."""
+        """One chunk of the body, as ``send`` of an ``http.response.body`` with ``more_body`` would write it
+        (at once, or queued to go out before anything ``send`` writes later)."""
         ...
 
 

@@ -176,6 +176,7 @@ def test_body_chunks_written_directly_and_sent_interleave_in_order_under_back_pr
             if writer.can_write_now():
                 ways["direct"] += 1
                 writer.write_now(frame)
+                await asyncio.sleep(0)  # the turn ends, as the router's step does: the queued chunk goes out
             else:
                 ways["send"] += 1
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
@@ -195,6 +196,28 @@ def test_body_chunks_written_directly_and_sent_interleave_in_order_under_back_pr
 
     run(app, test)
     assert ways["direct"] > 0 and ways["send"] > 0, ways
+
+
+def test_chunks_written_directly_in_one_turn_go_out_together_and_before_a_later_send():
+    sent_at: list[int] = []
+
+    async def app(scope, receive, send) -> None:
+        await Request(scope, receive).body()
+        writer = scope["extensions"][BODY_WRITER]["writer"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"head,", "more_body": True})
+        server = writer.connection.server
+        for part in (b"a,", b"b,", b"c,"):
+            writer.write_now(part)
+        sent_at.append(len(server.queued_writes))  # queued, not sent yet
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})  # goes after them
+
+    async def test(server: HttpServer) -> None:
+        raw = await exchange(server.port, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert decode_chunked(raw.split(b"\r\n\r\n", 1)[1]) == b"head,a,b,c,end"
+
+    run(app, test)
+    assert sent_at == [3]
 
 
 def decode_chunked(body: bytes) -> bytes:
