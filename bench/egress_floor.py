@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import time
 from collections.abc import Awaitable
 
@@ -39,7 +40,7 @@ import uvicorn
 import uvloop
 from starlette.responses import StreamingResponse
 
-from bench.lib.common import print_table, write_results
+from bench.lib.common import print_table, quietness, write_results
 from bench.lib.load_client import run_streams
 from bench.lib.process_cpu import TICKS_PER_S
 from bench.lib.raw_sse_server import Streams, serve_forever
@@ -246,11 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 frames per stream instead of 64")
     args = parser.parse_args(argv)
     streams, frames = 256, 16 if args.quick else 64
+    load_before = os.getloadavg()[0]
     servers = [("uvicorn", "streaming_response"), ("uvicorn", "event_stream"), ("replica_server", "event_stream"), ("raw", "task"), ("raw", "step")]
     rows = [measure_server(server, response, streams, frames) for server, response in servers]
     rows += [asyncio.run(_spout_code(streams, frames, direct)) for direct in (False, True)]
     print_table(rows)
-    print(f"wrote {write_results('egress_floor', rows, quick=args.quick)}")
+    print(f"wrote {write_results('egress_floor', rows, quick=args.quick, **quietness(load_before))}")
 
 
 if __name__ == "__main__":
