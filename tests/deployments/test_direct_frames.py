@@ -2,17 +2,21 @@
 (`deployments.http_server`, which offers its body writer) is written by `EngineClient`'s reader of the
 request's mailbox, with no task woken per frame; its SSE is the same as the task's (the in-process ASGI
 transport offers no body writer), through the real engine, for completions and chats, with usage,
-logprobs and a stop string; a request with several choices keeps the task's path."""
+logprobs and a stop string, and for a client that reads slowly (its socket fills, the stream goes back
+to the task while it is full and to the router's loop after); a request with several choices keeps the
+task's path."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from deployments.http_server import Exchange, HttpServer
+from deployments.http_server import Connection, Exchange, HttpServer
 from tests.deployments.served_in_process import WAIT_S, InProcessServer, asgi
 
 HOST = "127.0.0.1"
@@ -76,16 +80,21 @@ def content(frames: list[dict]) -> dict:
     return {"text": text, "tokens": tokens, "values": values, "finish": [f for f in finishes if f], "usage": frames[-1].get("usage")}
 
 
-async def stream(client: httpx.AsyncClient, path: str, body: dict) -> list[dict]:
+def data_frames(lines: list[str]) -> list[dict]:
     """The stream's data frames, parsed, without the ids and times that differ between requests."""
     frames = []
+    for line in lines:
+        if line.startswith("data: {"):
+            frame = json.loads(line[len("data: ") :])
+            frames.append({key: value for key, value in frame.items() if key not in ("id", "created")})
+    return frames
+
+
+async def stream(client: httpx.AsyncClient, path: str, body: dict) -> list[dict]:
+    """The stream's data frames, parsed, without the ids and times that differ between requests."""
     async with client.stream("POST", path, json=body) as response:
         assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if line.startswith("data: {"):
-                frame = json.loads(line[len("data: ") :])
-                frames.append({key: value for key, value in frame.items() if key not in ("id", "created")})
-    return frames
+        return data_frames([line async for line in response.aiter_lines()])
 
 
 def both_ways(served, ingress, http_port: int, path: str, body: dict) -> tuple[list[dict], list[dict]]:
@@ -134,3 +143,47 @@ def test_several_choices_keep_the_tasks_path(served, ingress, http_port, direct_
     served_frames, task_frames = both_ways(served, ingress, http_port, "/v1/completions", body)
     assert sorted(content(served_frames)["finish"]) == sorted(content(task_frames)["finish"]) == ["length", "length"]
     assert direct_writes == []
+
+
+def test_a_slow_reader_falls_back_to_the_task_and_back_and_reads_the_tasks_stream(served, ingress, http_port, direct_writes, monkeypatch):
+    """Small socket buffers on both ends and a client that waits before each read: the server's transport
+    pauses, frames wait for the task, and direct writes resume once it drains; the text is the same."""
+    made = Connection.connection_made
+
+    def small_buffers(self: Connection, transport) -> None:
+        made(self, transport)
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=2048)
+
+    monkeypatch.setattr(Connection, "connection_made", small_buffers)
+    body = COMPLETION | {"model": served.model, "max_tokens": 160, "logprobs": 5}  # about 800 bytes a frame
+
+    async def slow_read() -> list[dict]:
+        loop = asyncio.get_running_loop()
+        with socket.socket() as sock:  # a bare socket: nothing reads ahead of the test
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (HOST, http_port))
+            payload = json.dumps(body).encode()
+            head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            await loop.sock_sendall(sock, head % len(payload) + payload)
+            raw = b""
+            while chunk := await asyncio.wait_for(loop.sock_recv(sock, 2048), WAIT_S):
+                raw += chunk
+                await asyncio.sleep(0.05)  # about 40 KB/s, slower than the stream comes
+        head, _, chunked = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        data, rest = b"", chunked
+        while (size := int(rest.split(b"\r\n", 1)[0], 16)) > 0:
+            rest = rest.split(b"\r\n", 1)[1]
+            data, rest = data + rest[:size], rest[size + 2 :]
+        return data_frames(data.decode().split("\n"))
+
+    async def task_path() -> list[dict]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(ingress)), base_url="http://spout.test", timeout=WAIT_S) as client:
+            return await stream(client, "/v1/completions", body)
+
+    slow = served.run(slow_read())
+    assert content(slow) == content(served.run(task_path()))
+    token_frames = sum(1 for frame in slow if frame["choices"])
+    assert 0 < len(direct_writes) < token_frames - 3, (len(direct_writes), token_frames)  # both ways taken
