@@ -25,7 +25,10 @@ with no Ray, is the `deployments.openai` package):
 5. `engine_client.EngineClient.deltas`, the one loop over a request's output, hands the mailbox
    deltas to the wire format: SSE frames or a whole body built by `openai.choices` (completions,
    chat), `openai.responses_writer` (Responses) or `anthropic.messages_writer` (Messages), which
-   `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once.
+   `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once. With
+   ``http_front=replica`` a one-choice stream's frames are made and written by the router's loop
+   itself as it fills the mailbox (`EngineClient.event_stream`), no task woken per token; its task
+   writes the end.
 """
 
 from __future__ import annotations

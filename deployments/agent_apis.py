@@ -19,12 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from deployments.anthropic.messages_request import CountTokensRequest, MessagesRequest
-from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
+from deployments.anthropic.messages_writer import MessageBuilder, MessageFrames, message_body
 from deployments.limits import check_messages
 from deployments.openai.errors import APIError
-from deployments.openai.event_stream import EventStream
 from deployments.openai.responses_request import ResponsesRequest
-from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
+from deployments.openai.responses_writer import ResponseBuilder, ResponseFrames, response_body
 from deployments.openai.tool_calls import ToolCallOutput
 from deployments.openai.tool_prompt import template_messages
 from engine.tokenizer import ChatTemplateError
@@ -61,7 +60,7 @@ class AgentAPIs:
         async def answer(client: EngineClient, submission: Submission, calls: ToolCallOutput | None) -> Response:
             builder = ResponseBuilder(f"resp_{uuid.uuid4().hex}", self.args.model_name, body.echo_fields(), submission.num_prompt_tokens)
             if body.stream:
-                return EventStream(response_frames(builder, calls, client.deltas(submission), self.args.reasoning()), lambda: client.disconnect(submission))
+                return client.event_stream(submission, ResponseFrames(builder, calls, self.args.reasoning()))
             return JSONResponse(await response_body(builder, calls, client.deltas(submission), self.args.reasoning()))
 
         return await self._chat(request, chat, answer)
@@ -73,7 +72,7 @@ class AgentAPIs:
         async def answer(client: EngineClient, submission: Submission, calls: ToolCallOutput | None) -> Response:
             builder = MessageBuilder(f"msg_{uuid.uuid4().hex}", self.args.model_name, submission.num_prompt_tokens)
             if body.stream:
-                return EventStream(message_frames(builder, calls, client.deltas(submission), self.args.reasoning()), lambda: client.disconnect(submission))
+                return client.event_stream(submission, MessageFrames(builder, calls, self.args.reasoning()))
             return JSONResponse(await message_body(builder, calls, client.deltas(submission), self.args.reasoning()))
 
         return await self._chat(request, chat, answer)

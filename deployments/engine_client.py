@@ -16,10 +16,10 @@ from deployments.engine_actor import EngineHandle, NewRequest, Refusal
 from deployments.engine_channel import EngineChannel, EngineMethod
 from deployments.engine_routing import EngineRouting, KeyHomes
 from deployments.metrics import IngressMetrics
-from deployments.openai.choices import CompletionFrames, completion_body, completion_frames
+from deployments.openai.choices import CompletionFrames, completion_body
 from deployments.openai.errors import APIError, internal_error
 from deployments.openai.event_stream import EventStream, FrameSink
-from deployments.openai.output_events import ChoiceDelta
+from deployments.openai.output_events import ChoiceDelta, StepFrames, stream_frames
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.responses import ResponseFormat, usage
 from deployments.output_router import ENGINE_CALL_TIMEOUT_S, ENGINE_FAILED, OutputRouter
@@ -255,15 +255,18 @@ class EngineClient:
                 submission.trace.outputs_ended(tally.completion_tokens)
 
     def stream(self, submission: Submission, usage: StreamUsage) -> EventStream:
-        """A completion's or chat's SSE response (`deployments.openai.choices.CompletionFrames`). Where the
-        server lets frames be written directly, a one-choice request's steps are written from the
-        router's loop as they are delivered (`write_directly`)."""
-        frames = CompletionFrames(submission.format, submission.echo_texts, submission.usage, usage)
+        """A completion's or chat's SSE response (`deployments.openai.choices.CompletionFrames`)."""
+        return self.event_stream(submission, CompletionFrames(submission.format, submission.echo_texts, submission.usage, usage))
+
+    def event_stream(self, submission: Submission, frames: StepFrames) -> EventStream:
+        """The SSE response of any API's ``frames`` (`deployments.openai.output_events.stream_frames`). Where
+        the server lets frames be written directly, a one-choice request's steps are made and written from
+        the router's loop as they are delivered (`_write_directly`)."""
         write_directly = partial(self._write_directly, submission, frames) if len(submission.streams) == 1 else None
-        return EventStream(completion_frames(frames, self.deltas(submission)), lambda: self.disconnect(submission), write_directly=write_directly)
+        return EventStream(stream_frames(frames, self.deltas(submission)), lambda: self.disconnect(submission), write_directly=write_directly)
 
     @staticmethod
-    def _write_directly(submission: Submission, frames: CompletionFrames, sink: FrameSink) -> None:
+    def _write_directly(submission: Submission, frames: StepFrames, sink: FrameSink) -> None:
         """From now on the mailbox's deltas that finish nothing are made into a frame and written in the
         router's call, while ``sink`` takes writes at once; the rest wakes the request's task as before
         (`Mailbox.reader`), which then writes the end of the stream."""

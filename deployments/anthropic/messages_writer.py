@@ -10,14 +10,14 @@ whole message are built by the same builder, so they agree.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 from deployments.anthropic.errors import error_frame
+from deployments.openai.errors import APIError
 from deployments.openai.model_json import read_json
 from deployments.openai.output_events import (
+    ChoiceDelta,
     ChoiceOutput,
     Deltas,
     Finished,
@@ -26,12 +26,10 @@ from deployments.openai.output_events import (
     TextDelta,
     ToolCallArguments,
     ToolCallOpened,
-    api_frames,
+    TypedEventFrames,
 )
 from deployments.openai.reasoning import ReasoningParser
 from deployments.openai.tool_calls import ToolCallOutput
-
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def stop_reason(finish: Finished) -> tuple[str, str | None]:
@@ -121,30 +119,20 @@ class MessageBuilder:
         return [i for i, block in enumerate(self.content) if block["type"] == "tool_use"][call_index]
 
 
-def sse_event(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {_JSON.encode(event)}\n\n"
+class MessageFrames(TypedEventFrames):
+    """A streamed message's frames, one step at a time; a failure midway ends it with an ``error`` event."""
 
+    where = "a message stream"
 
-async def _events(builder: MessageBuilder, output: ChoiceOutput, deltas: Deltas) -> AsyncGenerator[tuple[list[dict[str, Any]], bool], None]:
-    async for step in deltas:
-        for delta in step.values():
-            builder.output_tokens = output.output_tokens + len(delta.token_ids)
-            events: list[dict[str, Any]] = []
-            for event in output.events(delta):
-                events += builder.feed(event)
-            yield events, delta.finish_reason is not None
+    def delta_events(self, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        self.builder.output_tokens = self.output.output_tokens + len(delta.token_ids)
+        events: list[dict[str, Any]] = []
+        for event in self.output.events(delta):
+            events += self.builder.feed(event)
+        return events
 
-
-def message_frames(
-    builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None
-) -> AsyncGenerator[str, None]:
-    """The stream's frames; a failure midway ends it with an ``error`` event."""
-
-    async def steps() -> AsyncGenerator[tuple[str, bool], None]:
-        async for events, finished in _events(builder, ChoiceOutput(tool_calls, reasoning), deltas):
-            yield "".join(map(sse_event, events)), finished
-
-    return api_frames("".join(map(sse_event, builder.start())), steps(), deltas, error_frame, "a message stream")
+    def error_frame(self, error: APIError) -> str:
+        return error_frame(error)
 
 
 async def message_body(builder: MessageBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Completions and Chat Completions written from the engine's deltas: the choice builder.
 
-`CompletionFrames` makes SSE chunks (`completion_frames` streams them), `completion_body` answers the whole body; both read the
-deltas `deployments.engine_client.EngineClient.deltas` gives (which owns the request's life: its
-metrics, its release and abort), and every choice is built here (`choice_json`, `full_choice`).
+`CompletionFrames` makes SSE chunks (`deployments.openai.output_events.stream_frames` streams them),
+`completion_body` answers the whole body; both read the deltas
+`deployments.engine_client.EngineClient.deltas` gives (which owns the request's life: its metrics,
+its release and abort), and every choice is built here (`choice_json`, `full_choice`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
-from deployments.openai.errors import APIError, internal_error
-from deployments.openai.event_stream import FinalFrame
+from deployments.openai.errors import APIError
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.output_events import ChoiceDelta
 from deployments.openai.protocol import StreamUsage
@@ -26,8 +26,9 @@ Usage = Callable[[int], dict[str, object]]
 class CompletionFrames:
     """A completion's or chat's SSE frames, made one step of deltas at a time: `opening`, a frame per
     `step`, then `ending` (the last chunk, usage and ``[DONE]`` in one write). ``echo_texts``: the
-    prompt text each choice echoes (one per choice). Nothing here waits: `completion_frames` feeds it
-    from the request's deltas, and the router's loop may feed it directly (`deployments.engine_client`)."""
+    prompt text each choice echoes (one per choice). A `StepFrames`: nothing here waits."""
+
+    where = "a response stream"
 
     def __init__(self, fmt: ResponseFormat, echo_texts: list[str], usage_of: Usage, usage: StreamUsage) -> None:
         self.fmt = fmt
@@ -75,23 +76,6 @@ class CompletionFrames:
             return error.sse_frame() + DONE_FRAME
         usage = sse(self.fmt.usage_chunk(self.usage_of(self.completion_tokens))) if self.usage.final else ""
         return self.tail + usage + DONE_FRAME
-
-
-async def completion_frames(frames: CompletionFrames, deltas: AsyncGenerator[dict[int, ChoiceDelta], None]) -> AsyncGenerator[str, None]:
-    """``frames`` until every choice finished, then ``[DONE]``; an error frame if the request fails midway."""
-    error: APIError | None = None
-    try:
-        async with aclosing(deltas):
-            if (opening := frames.opening()) is not None:
-                yield opening
-            async for step in deltas:
-                if frame := frames.step(step):
-                    yield frame
-    except APIError as failure:
-        error = failure
-    except Exception as failure:  # a fault of this request alone: its stream ends with an error frame, not cut
-        error = internal_error(failure, "a response stream")
-    yield FinalFrame(frames.ending(error))
 
 
 async def completion_body(

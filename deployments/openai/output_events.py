@@ -7,18 +7,28 @@ The ingress streams, detokenizes, limits and aborts one way for every API
 deltas as choices (`deployments.openai.choices`), the Responses API
 (`deployments.openai.responses_api`) and Anthropic's Messages API (`deployments.anthropic`) render
 the events of `ChoiceOutput`, which reads tool calls with the same parsers as chat.
+
+Every API's stream is a `StepFrames` (one step's deltas to its frames, nothing awaited:
+`deployments.openai.choices.CompletionFrames`, and `TypedEventFrames` for the typed-event APIs), driven
+from the request's deltas by `stream_frames`, or by the router's loop itself on a server that lets it
+write (`deployments.engine_client.EngineClient.event_stream`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import json
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from deployments.openai.errors import APIError, internal_error
+from deployments.openai.event_stream import FinalFrame
 from deployments.openai.logprobs import LogprobEntry, PromptLogprobEntries
 from deployments.openai.reasoning import ReasoningParser, ReasoningSplitter
 from deployments.openai.tool_calls import ChoiceToolCalls, ToolCallOutput
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass
@@ -104,24 +114,83 @@ class ChoiceOutput:
         return events
 
 
-async def api_frames(
-    opening: str, steps: AsyncGenerator[tuple[str, bool], None], deltas: AsyncGenerator[object, None], error_frame: Callable[[APIError], str], where: str
-) -> AsyncGenerator[str, None]:
-    """An API writer's stream: ``opening``, then the frames of each of ``steps`` (``(frames, finished)``,
-    read from ``deltas``), the last one sent with nothing after it; a request that fails midway ends
-    with ``error_frame`` of its error instead (a fault nobody foresaw as a 500). ``deltas`` is closed
-    however it ends, which releases the request (`deployments.engine_client.EngineClient.deltas`)."""
-    tail = ""
+class StepFrames(Protocol):
+    """An API's stream made one engine step at a time, nothing awaited: `stream_frames` feeds it from a
+    request's deltas, and the router's loop may feed it directly
+    (`deployments.engine_client.EngineClient.event_stream`)."""
+
+    where: str
+    """What a fault nobody foresaw is reported in (``a response stream``)."""
+
+    def opening(self) -> str | None:
+        """The frames before any output, or None."""
+        ...
+
+    def step(self, step: dict[int, ChoiceDelta]) -> str:
+        """The frames of one step's deltas; "" for the step that ends the stream (its frames go with `ending`)."""
+        ...
+
+    def ending(self, error: APIError | None) -> str:
+        """The last write: the last step's frames, or ``error``'s frame when the request failed midway."""
+        ...
+
+
+def sse_event(event: dict[str, Any]) -> str:
+    """A typed stream event as SSE, ``event:`` naming its type (the Responses and Messages APIs)."""
+    return f"event: {event['type']}\ndata: {_JSON.encode(event)}\n\n"
+
+
+class TypedEventFrames:
+    """The `StepFrames` of an API whose stream is typed events (Responses, Messages): its builder's
+    ``start()`` events, then each delta's (`delta_events`), the finishing delta's kept for the ending,
+    which is the request's `error_frame` when it failed midway."""
+
+    where: str
+
+    def __init__(self, builder: Any, tool_calls: ToolCallOutput | None, reasoning: ReasoningParser | None = None) -> None:
+        self.builder = builder
+        self.output = ChoiceOutput(tool_calls, reasoning)
+        self.tail = ""
+
+    def delta_events(self, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        """The stream events of one delta of the choice (fed to the builder)."""
+        raise NotImplementedError
+
+    def error_frame(self, error: APIError) -> str:
+        raise NotImplementedError
+
+    def opening(self) -> str:
+        return "".join(map(sse_event, self.builder.start()))
+
+    def step(self, step: dict[int, ChoiceDelta]) -> str:
+        frames = ""
+        for delta in step.values():
+            events = "".join(map(sse_event, self.delta_events(delta)))
+            if delta.finish_reason is None:
+                frames += events
+            else:
+                self.tail = events
+        return frames
+
+    def ending(self, error: APIError | None) -> str:
+        return self.tail if error is None else self.error_frame(error)
+
+
+async def stream_frames(frames: StepFrames, deltas: Deltas) -> AsyncGenerator[str, None]:
+    """An API's stream: ``frames``' opening, each step's frames, then its ending as a `FinalFrame`
+    (written with the body's end); a request that fails midway ends with its error's frame (a fault
+    nobody foresaw as a 500). ``deltas`` is closed however it ends, which releases the request
+    (`deployments.engine_client.EngineClient.deltas`)."""
+    error: APIError | None = None
     try:
-        yield opening
         async with aclosing(deltas):
-            async for frames, finished in steps:
-                if finished:
-                    tail = frames
-                else:
-                    yield frames
-    except APIError as error:
-        tail = error_frame(error)
-    except Exception as error:  # a fault of this request alone: its stream ends with an error, not cut
-        tail = error_frame(internal_error(error, where))
-    yield tail
+            if (opening := frames.opening()) is not None:
+                yield opening
+            async for step in deltas:
+                if frame := frames.step(step):
+                    yield frame
+    except APIError as failure:
+        error = failure
+    except Exception as failure:  # a fault of this request alone: its stream ends with an error frame, not cut
+        error = internal_error(failure, frames.where)
+    yield FinalFrame(frames.ending(error))

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 from deployments.openai.errors import APIError
 from deployments.openai.output_events import (
+    ChoiceDelta,
     ChoiceOutput,
     Deltas,
     Finished,
@@ -30,7 +30,8 @@ from deployments.openai.output_events import (
     TextDelta,
     ToolCallArguments,
     ToolCallOpened,
-    api_frames,
+    TypedEventFrames,
+    sse_event,
 )
 from deployments.openai.reasoning import ReasoningParser
 from deployments.openai.tool_calls import ToolCallOutput
@@ -159,39 +160,31 @@ class ResponseBuilder:
         return self.event("response.failed", response=self.response("failed", error={"code": code, "message": error.message}, usage=self.usage()))
 
 
-def sse_event(event: dict[str, Any]) -> str:
-    """A Responses stream frame: ``event:`` names the type, as OpenAI sends them."""
-    return f"event: {event['type']}\ndata: {_JSON.encode(event)}\n\n"
+def _delta_events(builder: ResponseBuilder, output: ChoiceOutput, delta: ChoiceDelta) -> tuple[list[dict[str, Any]], Finished | None]:
+    """The stream events of one delta of the choice, and its finish when it finished."""
+    events: list[dict[str, Any]] = []
+    finished = None
+    for event in output.events(delta):
+        events += builder.feed(event)
+        finished = event if isinstance(event, Finished) else finished
+    builder.output_tokens = output.output_tokens
+    return events, finished
 
 
-async def _events(builder: ResponseBuilder, output: ChoiceOutput, deltas: Deltas) -> AsyncGenerator[tuple[list[dict[str, Any]], Finished | None], None]:
-    async for step in deltas:
-        for delta in step.values():
-            events: list[dict[str, Any]] = []
-            finished = None
-            for event in output.events(delta):
-                events += builder.feed(event)
-                finished = event if isinstance(event, Finished) else finished
-            builder.output_tokens = output.output_tokens
-            yield events, finished
+class ResponseFrames(TypedEventFrames):
+    """A streamed response's frames, one step at a time; a failure midway ends it with ``response.failed``."""
 
+    where = "a response stream"
 
-def response_frames(
-    builder: ResponseBuilder, tool_calls: ToolCallOutput | None, deltas: Deltas, reasoning: ReasoningParser | None = None
-) -> AsyncGenerator[str, None]:
-    """The stream's frames; a failure midway ends it with ``response.failed``."""
+    def delta_events(self, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        events, finished = _delta_events(self.builder, self.output, delta)
+        if finished is not None:
+            done = self.builder.final(finished)
+            events.append(self.builder.event("response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done))
+        return events
 
-    async def steps() -> AsyncGenerator[tuple[str, bool], None]:
-        async for events, finished in _events(builder, ChoiceOutput(tool_calls, reasoning), deltas):
-            if finished is not None:
-                done = builder.final(finished)
-                events.append(builder.event("response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done))
-            yield "".join(map(sse_event, events)), finished is not None
-
-    def failed(error: APIError) -> str:
-        return sse_event(builder.failed(error))
-
-    return api_frames("".join(map(sse_event, builder.start())), steps(), deltas, failed, "a response stream")
+    def error_frame(self, error: APIError) -> str:
+        return sse_event(self.builder.failed(error))
 
 
 async def response_body(
@@ -200,7 +193,8 @@ async def response_body(
     output = ChoiceOutput(tool_calls, reasoning)
     finished: Finished | None = None
     async with aclosing(deltas):
-        async for _, finish in _events(builder, output, deltas):
-            finished = finish or finished
+        async for step in deltas:
+            for delta in step.values():
+                finished = _delta_events(builder, output, delta)[1] or finished
     assert finished is not None
     return builder.final(finished)

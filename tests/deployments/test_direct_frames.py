@@ -2,7 +2,7 @@
 (`deployments.http_server`, which offers its body writer) is written by `EngineClient`'s reader of the
 request's mailbox, with no task woken per frame; its SSE is the same as the task's (the in-process ASGI
 transport offers no body writer), through the real engine, for completions and chats, with usage,
-logprobs and a stop string, and for a client that reads slowly (its socket fills, the stream goes back
+logprobs and a stop string, for the Responses and Messages APIs, and for a client that reads slowly (its socket fills, the stream goes back
 to the task while it is full and to the router's loop after); a request with several choices keeps the
 task's path."""
 
@@ -187,3 +187,31 @@ def test_a_slow_reader_falls_back_to_the_task_and_back_and_reads_the_tasks_strea
     assert content(slow) == content(served.run(task_path()))
     token_frames = sum(1 for frame in slow if frame["choices"])
     assert 0 < len(direct_writes) < token_frames - 3, (len(direct_writes), token_frames)  # both ways taken
+
+
+def agent_content(frames: list[dict]) -> dict:
+    """What a Responses or Messages stream says, whatever its deltas' boundaries: the text and the other events' types."""
+    text, kinds = "", []
+    for frame in frames:
+        if frame["type"] == "response.output_text.delta":
+            text += frame["delta"]
+        elif frame["type"] == "content_block_delta" and frame["delta"]["type"] == "text_delta":
+            text += frame["delta"]["text"]
+        elif kinds[-1:] != [frame["type"]]:
+            kinds.append(frame["type"])
+    return {"text": text, "events": kinds}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"input": "Tell me a story.", "max_output_tokens": 24, "temperature": 0, "stream": True}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 0, "stream": True}),
+    ],
+    ids=["responses", "messages"],
+)
+def test_agent_api_streams_written_from_the_router_are_the_tasks(served, ingress, http_port, direct_writes, path, body):
+    served_frames, task_frames = both_ways(served, ingress, http_port, path, body | {"model": served.model})
+    assert agent_content(served_frames) == agent_content(task_frames)
+    assert len(agent_content(served_frames)["text"]) > 0
+    assert direct_writes  # the steps between the first and the last went from the router's loop

@@ -11,8 +11,9 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 
 from deployments.anthropic.messages_request import MessagesRequest
-from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
+from deployments.anthropic.messages_writer import MessageBuilder, MessageFrames, message_body
 from deployments.openai.errors import APIError
+from deployments.openai.output_events import stream_frames
 from deployments.openai.tool_calls import tool_call_output
 from tests.deployments.openai.test_responses_writer import delta, deltas_of, events_of
 from tests.sdk_types import strict
@@ -28,7 +29,7 @@ def run(body: MessagesRequest, steps, error: APIError | None = None):
     calls = tool_call_output(body.chat_request(), "hermes", 4096)
 
     async def both():
-        streamed = [f async for f in message_frames(MessageBuilder("msg_1", "m", 5), calls, deltas_of(steps, error))]
+        streamed = [f async for f in stream_frames(MessageFrames(MessageBuilder("msg_1", "m", 5), calls), deltas_of(steps, error))]
         whole = None if error else await message_body(MessageBuilder("msg_1", "m", 5), calls, deltas_of(steps))
         return events_of(streamed), whole
 

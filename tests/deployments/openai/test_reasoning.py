@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from tokenizers import AddedToken, Tokenizer
 
-from deployments.anthropic.messages_writer import MessageBuilder, message_body, message_frames
-from deployments.openai.choices import CompletionFrames, completion_body, completion_frames
-from deployments.openai.output_events import ChoiceDelta
+from deployments.anthropic.messages_writer import MessageBuilder, MessageFrames, message_body
+from deployments.openai.choices import CompletionFrames, completion_body
+from deployments.openai.output_events import ChoiceDelta, stream_frames
 from deployments.openai.protocol import StreamUsage
 from deployments.openai.reasoning import REASONING_PARSERS, ReasoningSplitter, answer_budget, constrained_after_thinking
 from deployments.openai.responses import ResponseFormat
-from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
+from deployments.openai.responses_writer import ResponseBuilder, ResponseFrames, response_body
 from detok import AnswerRules, StopHit, ThinkingTags, initial_state
 from sampling.params import SamplingParams
 from tests.deployments.openai.test_responses_writer import events_of, request
@@ -89,7 +89,7 @@ def test_chat_streams_reasoning_content_and_content_apart_whatever_the_split(cut
     fmt = ResponseFormat.new("chatcmpl-1", "m", chat=True, reasoning=REASONING_PARSERS["qwen3"])
 
     async def both():
-        frames = [f async for f in completion_frames(CompletionFrames(fmt, [""], lambda n: {}, StreamUsage(False, False)), deltas_for(pieces_of(TEXT, cuts)))]
+        frames = [f async for f in stream_frames(CompletionFrames(fmt, [""], lambda n: {}, StreamUsage(False, False)), deltas_for(pieces_of(TEXT, cuts)))]
         whole = await completion_body(fmt, [""], deltas_for(pieces_of(TEXT, cuts)), lambda n: {})
         return frames, whole
 
@@ -111,9 +111,9 @@ def test_responses_and_messages_write_reasoning_items_and_thinking_blocks(cuts):
     async def run():
         pieces = pieces_of(TEXT, cuts)
         return (
-            [f async for f in response_frames(ResponseBuilder("resp_1", "m", echo, 3), None, deltas_for(pieces), parser)],
+            [f async for f in stream_frames(ResponseFrames(ResponseBuilder("resp_1", "m", echo, 3), None, parser), deltas_for(pieces))],
             await response_body(ResponseBuilder("resp_1", "m", echo, 3), None, deltas_for(pieces), parser),
-            [f async for f in message_frames(MessageBuilder("msg_1", "m", 3), None, deltas_for(pieces), parser)],
+            [f async for f in stream_frames(MessageFrames(MessageBuilder("msg_1", "m", 3), None, parser), deltas_for(pieces))],
             await message_body(MessageBuilder("msg_1", "m", 3), None, deltas_for(pieces), parser),
         )
 

@@ -12,10 +12,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from deployments.openai.errors import APIError
-from deployments.openai.output_events import ChoiceDelta
+from deployments.openai.output_events import ChoiceDelta, stream_frames
 from deployments.openai.protocol import ChatCompletionRequest
 from deployments.openai.responses_request import ResponsesRequest
-from deployments.openai.responses_writer import ResponseBuilder, response_body, response_frames
+from deployments.openai.responses_writer import ResponseBuilder, ResponseFrames, response_body
 from deployments.openai.tool_calls import tool_call_output
 from tests.sdk_types import strict
 
@@ -51,7 +51,7 @@ def run(body: ResponsesRequest, steps, error: APIError | None = None, parser: st
     calls = tool_call_output(body.chat_request(), parser, 4096)
 
     async def both():
-        streamed = [f async for f in response_frames(ResponseBuilder("resp_1", "m", body.echo_fields(), 5), calls, deltas_of(steps, error))]
+        streamed = [f async for f in stream_frames(ResponseFrames(ResponseBuilder("resp_1", "m", body.echo_fields(), 5), calls), deltas_of(steps, error))]
         whole = None if error else await response_body(ResponseBuilder("resp_1", "m", body.echo_fields(), 5), calls, deltas_of(steps))
         return events_of(streamed), whole
 
