@@ -48,9 +48,9 @@ class RequestLimits(BaseModel):
         256,
         ge=0,
         le=4096,
-        description="UTF-8 bytes of a request's text (chat: with 64 per message) up to which it is encoded on the ingress's event loop "
-        "(at 256 bytes 45-220 µs, a chat of 3 messages 130 µs), skipping the encode workers' thread hop (about 100 µs of CPU); "
-        "0: always on the workers.",
+        description=f"UTF-8 bytes of a request's text (chat: as max_prompt_bytes counts it, {MESSAGE_BYTES} more per message) up to which "
+        "it is encoded on the ingress's event loop (at 256 bytes 45-220 µs, a chat of 8 messages about 100 µs), skipping the encode "
+        "workers' thread hop (about 100 µs of CPU); 0: always on the workers.",
     )
     max_stop_strings: int = Field(16, ge=0, description="Entries of stop.")
     max_stop_bytes: int = Field(1024, ge=0, description="UTF-8 bytes of all stop strings together.")

@@ -9,10 +9,10 @@ large requests queues there instead. A structured-output constraint is checked t
 Short text is encoded on the event loop itself: the hop to a worker and back (a thread woken,
 the loop woken through its self-pipe, the GIL handed over twice) costs about 100 µs of CPU
 (measured: 90-150 µs a request against 16 µs to encode a 60-byte prompt inline), more than
-encoding a few hundred bytes; up to ``inline_encode_max_bytes`` (chat: its text and 64 bytes a
+encoding a few hundred bytes; up to ``inline_encode_max_bytes`` (chat: its text and 32 bytes a
 message, as the limits count it), a job runs inline: at the default 256 bytes, 45 µs (letters, one
-long word) to 220 µs (digits, one token each) with the default model's tokenizer, 130 µs for a chat
-of three messages.
+long word) to 220 µs (digits, one token each) with the default model's tokenizer, about 100 µs for
+a chat of eight messages.
 
 The pool's queue is bounded by the text it holds (`EncodeBacklog`): a request whose job would
 pass ``max_encode_backlog_bytes`` gets 503 at once, and the jobs already queued run as before.

@@ -48,7 +48,7 @@ def test_prompts_and_chat_encode_off_the_loop():
     messages = [{"role": "user", "content": "Hi"}]
 
     async def run() -> tuple[list[list[int]], list[int]]:
-        return await encoder.prompts(["Hello world", [5, 6], "Bye"]), await encoder.chat(messages, True, text_bytes=66)
+        return await encoder.prompts(["Hello world", [5, 6], "Bye"]), await encoder.chat(messages, True, text_bytes=34)
 
     prompts, chat = asyncio.run(run())
     assert prompts == [TOKENIZER.encode("Hello world"), [5, 6], TOKENIZER.encode("Bye")]
@@ -65,7 +65,7 @@ def test_text_up_to_the_inline_limit_encodes_on_the_loop_and_longer_text_on_the_
         loop_thread = threading.current_thread().name
         await encoder.prompts(["a" * 60, "b" * 40])  # 100 bytes together: inline
         await encoder.prompts(["a" * 60, "b" * 41])  # 101: the workers
-        await encoder.chat(messages, True, text_bytes=66)  # as the limits count it: inline
+        await encoder.chat(messages, True, text_bytes=34)  # "Hi" and 32 for the message, as the limits count it: inline
         await encoder.chat(messages, True, text_bytes=101)
         await encoder.chat(messages, True)  # not counted: the workers
         return [name == loop_thread for name in tokenizer.threads]
