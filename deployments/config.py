@@ -135,6 +135,12 @@ class ServeArgs(RequestLimits):
     http_head_timeout_s: float = Field(
         10.0, gt=0, description="With http_front=replica: a request's head must arrive whole within this long of its connection going idle."
     )
+    http_write_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="With http_front=replica: a client whose socket takes nothing for this long while a response waits for it is cut off "
+        "(its requests aborted).",
+    )
     http_max_connections: int = Field(10_000, ge=1, description="With http_front=replica: open connections per ingress replica; more are closed at once.")
     replica_drain_timeout_s: float = Field(
         60.0,
@@ -248,7 +254,7 @@ class ServeArgs(RequestLimits):
         return self
 
     def server_limits(self) -> ServerLimits:
-        return ServerLimits(head_timeout_s=self.http_head_timeout_s, max_connections=self.http_max_connections)
+        return ServerLimits(head_timeout_s=self.http_head_timeout_s, write_timeout_s=self.http_write_timeout_s, max_connections=self.http_max_connections)
 
     @model_validator(mode="after")
     def _client_share_within_the_engine(self) -> ServeArgs:

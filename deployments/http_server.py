@@ -23,7 +23,8 @@ sized request bodies read with back-pressure, ``Expect: 100-continue``, chunked 
 the app sets ``content-length``, ``http.disconnect`` once the client leaves (or the response is
 over), writes that wait while the client's socket is full. Bounded by `ServerLimits`: a request's
 head must arrive whole within ``head_timeout_s`` of the connection being idle (keep-alive and
-slow-loris both), at most ``max_header_bytes`` and ``max_headers`` (431 past them), at most
+slow-loris both), a client whose socket takes nothing for ``write_timeout_s`` while a response waits
+for it is cut off (a client that stops reading holds no stream for ever), at most ``max_header_bytes`` and ``max_headers`` (431 past them), at most
 ``max_connections`` open (new ones closed at once past it). A malformed request gets a 400 and the
 connection closes. No TLS and no HTTP/2 or upgrades (WebSocket): put a terminating proxy in front.
 
@@ -64,6 +65,8 @@ class ServerLimits:
 
     head_timeout_s: float = 10.0
     """A request's head must be whole within this long of the connection opening or its last response ending."""
+    write_timeout_s: float = 60.0
+    """A client whose socket takes nothing for this long while a response waits to be written is cut off."""
     max_header_bytes: int = 65_536
     max_headers: int = 100
     max_connections: int = 10_000
@@ -160,6 +163,8 @@ class Connection(asyncio.Protocol):
         self.header_bytes = 0
         self.head_timer: asyncio.TimerHandle | None = None
         self.writable: asyncio.Future[None] | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
+        """Armed while the client's socket is full (`ServerLimits.write_timeout_s`)."""
         self.closing = False
         self.lost = False
         self.refusal: tuple[int, str] | None = None
@@ -189,6 +194,9 @@ class Connection(asyncio.Protocol):
         self.lost = True
         self.server.connections.discard(self)
         self._cancel_head_timer()
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         for exchange in (self.exchange, self.parsing, *self.queued):
             if exchange is not None:
                 exchange.client_left()
@@ -196,12 +204,24 @@ class Connection(asyncio.Protocol):
             self.writable.set_result(None)
 
     def pause_writing(self) -> None:
-        self.writable = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.writable = loop.create_future()
+        self.write_timer = loop.call_later(self.limits.write_timeout_s, self._write_stalled)
 
     def resume_writing(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
         self.writable = None
+
+    def _write_stalled(self) -> None:
+        """The client took nothing for ``write_timeout_s``: cut it off (what waits to be written is dropped),
+        which its exchange sees as the client leaving."""
+        self.write_timer = None
+        if self.transport is not None:
+            self.transport.abort()
 
     # httptools' callbacks
 

@@ -81,3 +81,11 @@ def test_engine_routing_options_make_the_routing_rules():
         ServeArgs(engine_routing_prefix_tokens=40)  # not a whole number of KV blocks
     with pytest.raises(ValidationError, match="engine_routing"):
         ServeArgs(engine_routing="round_robin")
+
+
+def test_the_replica_fronts_limits_are_the_options():
+    args = ServeArgs.from_options({"http_front": "replica", "http_head_timeout_s": "3", "http_write_timeout_s": "7", "http_max_connections": "9"}, {})
+    limits = args.server_limits()
+    assert (limits.head_timeout_s, limits.write_timeout_s, limits.max_connections) == (3.0, 7.0, 9)
+    with pytest.raises(ValidationError):
+        ServeArgs.from_options({"http_write_timeout_s": "0"}, {})

@@ -1,6 +1,7 @@
 """The replica's own HTTP server in-process, over loopback: sized and streamed responses, keep-alive and
 pipelining, request bodies (sized, chunked, ``Expect: 100-continue``, larger than the read buffer),
-body chunks written without ASGI (the `BODY_WRITER` extension) beside ``send`` under back-pressure, the client leaving, the limits on a request's head, malformed input, drain, and ``SO_REUSEPORT``."""
+body chunks written without ASGI (the `BODY_WRITER` extension) beside ``send`` under back-pressure, the client leaving or
+no longer reading, the limits on a request's head, malformed input, drain, and ``SO_REUSEPORT``."""
 
 from __future__ import annotations
 
@@ -218,6 +219,40 @@ def test_chunks_written_directly_in_one_turn_go_out_together_and_before_a_later_
 
     run(app, test)
     assert sent_at == [3]
+
+
+def test_a_client_that_stops_reading_is_cut_off_after_the_write_timeout():
+    seen: list[float] = []
+
+    async def app(scope, receive, send) -> None:
+        await Request(scope, receive).body()
+        gone = asyncio.Event()
+        started = asyncio.get_running_loop().time()
+
+        async def endless():
+            while not gone.is_set():
+                yield "data: " + "x" * 8192 + "\n\n"
+
+        def left() -> None:
+            seen.append(asyncio.get_running_loop().time() - started)
+            gone.set()
+
+        await EventStream(endless(), left)(scope, receive, send)
+
+    async def test(server: HttpServer) -> None:
+        loop = asyncio.get_running_loop()
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (HOST, server.port))
+            await loop.sock_sendall(sock, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+            while not seen:  # the client reads nothing
+                await asyncio.sleep(0.05)
+        while server.connections:
+            await asyncio.sleep(0.05)
+
+    run(app, test, ServerLimits(write_timeout_s=0.5))
+    assert len(seen) == 1 and 0.4 < seen[0] < 5, seen
 
 
 def decode_chunked(body: bytes) -> bytes:
