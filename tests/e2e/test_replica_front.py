@@ -1,11 +1,13 @@
 """``http_front=replica``: the ingress replica serves its own port, with no Serve proxy or HAProxy on
-the path. The OpenAI client streams through it, a client that leaves is aborted in the engine,
-hostile connections are refused within their bounds beside a stream, and deleting the app lets a stream in flight end before the replica stops and frees the port."""
+the path. The OpenAI client streams through it, a client that leaves is aborted in the engine, a
+client that stops reading is cut off after http_write_timeout_s, hostile connections are refused
+within their bounds beside a stream, and deleting the app lets a stream in flight end before the replica stops and frees the port."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Iterator
 
@@ -25,6 +27,7 @@ API_KEY = "front-key"
 STARTUP_TIMEOUT_S = 300
 SETTLE_S = 30.0
 HEAD_TIMEOUT_S = 2.0
+WRITE_TIMEOUT_S = 2.0
 MAX_BODY_BYTES = 65_536
 
 
@@ -32,7 +35,8 @@ def deploy(cluster: ServeCluster, name: str) -> str:
     """A tiny-random app named ``name`` whose ingress replica serves a free port itself; its base URL."""
     port = free_port()
     options = {"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "max_num_seqs": 16}
-    app = build_app(options | {"http_head_timeout_s": str(HEAD_TIMEOUT_S), "max_body_bytes": str(MAX_BODY_BYTES)})
+    limits = {"http_head_timeout_s": str(HEAD_TIMEOUT_S), "http_write_timeout_s": str(WRITE_TIMEOUT_S), "max_body_bytes": str(MAX_BODY_BYTES)}
+    app = build_app(options | limits)
     serve.run(app, name=name, route_prefix=f"/{name}", blocking=False)
     base_url = f"http://127.0.0.1:{port}"
     wait_until_healthy(base_url, STARTUP_TIMEOUT_S)
@@ -75,6 +79,46 @@ def test_a_client_that_leaves_is_aborted_in_the_engine(front: str):
         while gauges(http)["spout:num_requests_running"] > 0:
             assert time.monotonic() < deadline, "the engine still runs the request of a client that left"
             time.sleep(0.2)
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_request_ends(front: str):
+    """Three choices of 1,800 tokens with 20 logprobs each (about 6 MB of frames, more than the kernel's
+    send buffer takes) to a client with a small receive buffer that reads nothing until the engine has
+    stopped running the request: the replica cut it off once its socket had been full for
+    http_write_timeout_s, so what the client then reads ends early, with no ``[DONE]`` (without the cut,
+    reading resumes the stream and it runs to its ``[DONE]``)."""
+    host, port = front.removeprefix("http://").split(":")
+    fields = {"model": MODEL, "prompt": "count", "max_tokens": 1800, "n": 3, "ignore_eos": True, "logprobs": 20, "stream": True}
+    body = json.dumps(fields).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {API_KEY}\r\ncontent-type: application/json\r\n"
+
+    async def stop_reading() -> bytes:
+        loop = asyncio.get_running_loop()
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (host, int(port)))
+            await loop.sock_sendall(sock, head.encode() + b"content-length: %d\r\n\r\n" % len(body) + body)
+            with httpx.Client(base_url=front, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as http:
+                deadline = time.monotonic() + SETTLE_S
+                while gauges(http)["spout:num_requests_running"] == 0:  # the request has started
+                    assert time.monotonic() < deadline, "the request never ran"
+                    await asyncio.sleep(0.1)
+                deadline = time.monotonic() + 4 * SETTLE_S
+                while gauges(http)["spout:num_requests_running"] > 0:  # cut off (or, without the cut, generated whole)
+                    assert time.monotonic() < deadline, "the engine still runs the request of a client that reads nothing"
+                    await asyncio.sleep(0.2)
+            received = b""
+            try:
+                while chunk := await asyncio.wait_for(loop.sock_recv(sock, 65_536), SETTLE_S):
+                    received += chunk
+            except ConnectionResetError:
+                pass
+            return received
+
+    received = asyncio.run(stop_reading())
+    assert b"data: [DONE]" not in received, received[-200:]
+    assert httpx.get(f"{front}/health", timeout=10).status_code == 200
 
 
 def test_hostile_connections_are_refused_within_their_bounds_while_a_stream_runs(front: str):
