@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from deployments.http_server import Connection, Exchange, HttpServer
+from deployments.http_exchange import Exchange
+from deployments.http_server import Connection, HttpServer
 from tests.deployments.served_in_process import WAIT_S, InProcessServer, asgi
 
 HOST = "127.0.0.1"
