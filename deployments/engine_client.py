@@ -78,7 +78,6 @@ class Submission:
     num_prompt_tokens: int
     echo_texts: list[str]
     tally: OutputTally
-    trace: RequestTrace | None = None
 
     def usage(self, completion_tokens: int) -> dict[str, object]:
         """The OpenAI usage, with the choices' drafted and accepted tokens."""
@@ -212,7 +211,7 @@ class EngineClient:
         if (trace := current_trace.get()) is not None:
             trace.submitted(num_prompt_tokens, len(streams))
         tally = OutputTally(len(streams), time.perf_counter(), self.metrics, trace)
-        return Submission(format, streams, mailbox, num_prompt_tokens, echo_texts, tally, trace)
+        return Submission(format, streams, mailbox, num_prompt_tokens, echo_texts, tally)
 
     def _withdraw(self, streams: list[ChoiceStream]) -> None:
         """Forget choices whose submission failed; abort them all, since some may have been added
@@ -251,8 +250,8 @@ class EngineClient:
         finally:
             self.metrics.generation_tokens.inc(tally.completion_tokens)
             self.release(submission, cause="client_disconnect")
-            if submission.trace is not None:
-                submission.trace.outputs_ended(tally.completion_tokens)
+            if tally.trace is not None:
+                tally.trace.outputs_ended(tally.completion_tokens)
 
     def stream(self, submission: Submission, usage: StreamUsage) -> EventStream:
         """A completion's or chat's SSE response (`deployments.openai.choices.CompletionFrames`)."""
