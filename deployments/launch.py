@@ -52,6 +52,7 @@ from deployments.processes import (
     marked_processes,
     port_holders,
     port_is_free,
+    process_environ,
     process_name,
     taken_port_ranges,
 )
@@ -181,7 +182,7 @@ def check_port(host: str, port: int) -> None:
     if port_is_free(host, port):
         return
     holders = port_holders(port)
-    if any(LAUNCH_ENV in _environ(p) for p in holders):
+    if any(LAUNCH_ENV in process_environ(p) for p in holders):
         raise SystemExit(f"port {port} is held by a running Spout ({describe(holders[0])}): stop it with `make stop` (or Ctrl-C where it runs)")
     who = f" by {', '.join(describe(p) for p in holders)}" if holders else ""
     raise SystemExit(f"port {port} is in use{who}: stop that process or give this one another port")
@@ -197,13 +198,6 @@ def taken_port_warning(port: int, ranges: dict[str, range]) -> str | None:
                 "and the start then fails; choose a port outside it (the defaults 8000, 8404 and 9101 are)"
             )
     return None
-
-
-def _environ(process: psutil.Process) -> dict[str, str]:
-    try:
-        return process.environ()
-    except psutil.Error:
-        return {}
 
 
 def start_driver(argv: list[str], folder: str) -> subprocess.Popen:

@@ -5,6 +5,7 @@ environment; every process under it inherits the variable whatever it becomes: R
 raylet and dashboard, the actors' workers (whose titles Ray rewrites), and the HAProxy a
 worker spawns (which outlives its worker when that is killed). A process keeps its starting
 environment when it is orphaned, so the mark finds what a launcher left behind after it died.
+A process whose title overwrote its mark (Ray's agents) is found as a descendant of a marked one.
 No Ray here: the launcher uses this before anything imports Ray.
 """
 
@@ -48,11 +49,22 @@ def process_name(process: psutil.Process) -> str:
         return "?"
 
 
-def _mark(process: psutil.Process) -> int | None:
+def process_environ(process: psutil.Process) -> dict[str, str]:
+    """``process``'s starting environment; empty when it is gone or not ours to read.
+
+    Read from ``/proc/<pid>/environ`` whole, not through psutil: Ray's agents and dashboard modules
+    set their titles with ``setproctitle``, which overwrites the start of that area, and psutil stops
+    at the first empty entry (it read no variable of theirs, so a stop missed them)."""
     try:
-        value = process.environ().get(LAUNCH_ENV)
-    except (psutil.Error, OSError):  # gone, another user's, or a kernel thread
-        return None
+        raw = Path(f"/proc/{process.pid}/environ").read_bytes()
+    except OSError:  # gone, another user's, or a kernel thread
+        return {}
+    entries = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {name: value for name, sep, value in entries if sep}
+
+
+def _mark(process: psutil.Process) -> int | None:
+    value = process_environ(process).get(LAUNCH_ENV)
     return int(value) if value and value.isdigit() else None
 
 
@@ -65,12 +77,27 @@ def is_launcher(pid: int) -> bool:
 
 
 def find_launches() -> list[Launch]:
-    """Every launcher's marked processes on this machine (this user's, that is: others' are unreadable)."""
-    by_launcher: dict[int, list[psutil.Process]] = defaultdict(list)
-    for process in psutil.process_iter():
-        if (mark := _mark(process)) is not None and process.pid != os.getpid():
-            by_launcher[mark].append(process)
-    return [Launch(pid, processes, is_launcher(pid)) for pid, processes in sorted(by_launcher.items())]
+    """Every launcher's processes on this machine (this user's, that is: others' are unreadable): those
+    marked with its pid, and their descendants. A descendant may show no mark: Ray's agents set long
+    process titles (``setproctitle``), which overwrite the start of the area /proc reads the
+    environment from, the mark with it when it sits there; as children of the launch's raylet they
+    are still found."""
+    children: dict[int, list[psutil.Process]] = defaultdict(list)
+    by_launcher: dict[int, dict[int, psutil.Process]] = defaultdict(dict)
+    for process in psutil.process_iter(["ppid"]):
+        if process.pid == os.getpid():
+            continue
+        children[process.info["ppid"]].append(process)
+        if (mark := _mark(process)) is not None:
+            by_launcher[mark][process.pid] = process
+    for launch in by_launcher.values():
+        unvisited = list(launch.values())
+        while unvisited:
+            for child in children[unvisited.pop().pid]:
+                if child.pid not in launch:
+                    launch[child.pid] = child
+                    unvisited.append(child)
+    return [Launch(pid, list(processes.values()), is_launcher(pid)) for pid, processes in sorted(by_launcher.items())]
 
 
 def marked_processes(launcher_pid: int) -> list[psutil.Process]:

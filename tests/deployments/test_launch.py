@@ -16,7 +16,7 @@ import pytest
 
 from deployments.config import ServeArgs
 from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options, taken_port_warning
-from deployments.processes import LAUNCH_ENV, ephemeral_ports, taken_port_ranges
+from deployments.processes import LAUNCH_ENV, ephemeral_ports, marked_processes, process_environ, taken_port_ranges
 from tests.deployments.launched import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,3 +141,45 @@ def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
     assert taken_port_warning(60999, ranges).startswith("warning: port 60999 is in the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
     assert "(32768-60999)" in taken_port_warning(32768, ranges)
     assert "Serve's direct-ingress HTTP range, from which its replicas take ports (30000-30500)" in taken_port_warning(30000, ranges)
+
+
+CLEAR_TITLE_AREA = """
+import ctypes, time
+libc = ctypes.CDLL(None)
+first = ctypes.c_void_p.in_dll(libc, "environ").value  # char **environ: at start-up, the strings in the area /proc reads
+ctypes.memset(ctypes.c_void_p.from_address(first).value, 0, 20)  # the start of the area, as Ray's agents' long titles leave it
+print("cleared", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_whose_title_overwrote_the_start_of_its_environment_is_still_found_by_its_mark():
+    """Ray's agents and dashboard modules (``setproctitle``) leave NULs at the start of /proc/<pid>/environ; psutil
+    then reads no variable, and a Ctrl-C twice under the replica front once left both agents running."""
+    env = {"A_FIRST": "x" * 30, LAUNCH_ENV: str(os.getpid() + 1_000_000), "PATH": os.environ["PATH"]}
+    child = subprocess.Popen([sys.executable, "-c", CLEAR_TITLE_AREA], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "cleared"
+        process = psutil.Process(child.pid)
+        assert process_environ(process)[LAUNCH_ENV] == env[LAUNCH_ENV]
+        assert [p.pid for p in marked_processes(int(env[LAUNCH_ENV]))] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_descendant_of_a_marked_process_belongs_to_its_launch_even_without_the_mark():
+    """A Ray agent whose long title overwrote the mark itself is found as the raylet's child."""
+    mark = str(os.getpid() + 2_000_000)
+    code = "import subprocess, sys, time; subprocess.Popen(['sleep', '60'], env={}); print('spawned', flush=True); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code], env={LAUNCH_ENV: mark, "PATH": os.environ["PATH"]}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "spawned"
+        child = psutil.Process(parent.pid).children()[0]
+        assert LAUNCH_ENV not in process_environ(child)
+        assert sorted(p.pid for p in marked_processes(int(mark))) == sorted([parent.pid, child.pid])
+    finally:
+        for process in psutil.Process(parent.pid).children():
+            process.kill()
+        parent.kill()
+        parent.wait()
