@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KERNELS := .cache/kernels/.built
-# The address `make run` serves on (HAProxy and the replicas' direct-ingress ports): `SPOUT_API_KEY=... make run HOST=0.0.0.0` to serve
+# The address `make run` serves on (the ingress replicas' shared and own ports; with ARGS="http_front=serve", HAProxy's and theirs): `SPOUT_API_KEY=... make run HOST=0.0.0.0` to serve
 # other machines. Options for the app: `make run ARGS="model=tiny-random max_num_seqs=64"`.
 # The API key comes from the environment: `SPOUT_API_KEY=... make run`.
 HOST ?= 127.0.0.1

@@ -128,7 +128,7 @@ def sizing(row: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="256 sequences at 10 ms steps only, each workload inline and pool, 64 tokens")
-    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="the app's HTTP front (its http_front option)")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="replica", help="the app's HTTP front (its http_front option; make run's is replica)")
     args = parser.parse_args(argv)
     rates = RATES[:1] if args.quick else RATES
     max_tokens = 64 if args.quick else MAX_TOKENS

@@ -5,8 +5,9 @@
 tokenizer, random weights) once as a HF folder under the ignored ``.cache/``, and serves it,
 one server after the other, on loopback:
 
-- Spout's app on its defaults as ``make run`` starts it: Serve's fast path with HAProxy on
-  Serve's port in front of the ingress replica (`bench.lib.serve_cluster.DEFAULT_PROXY`),
+- Spout's app on its defaults as ``make run`` starts it: the ingress replica serving the port
+  itself (``--front replica``, `bench.lib.serve_cluster.REPLICA_FRONT`), or with ``--front serve``
+  Serve's fast path, HAProxy on Serve's port in front of the ingress replica (`DEFAULT_PROXY`),
   ``build_app({"model": <folder>, "engine_cpu_threads": ENGINE_THREADS})``;
 - vLLM's CPU build (`bench.lib.vllm_cpu_build`), ``python -m vllm.entrypoints.openai.api_server``
   on the same folder in float32, ``--max-num-seqs 256`` (Spout's default), its engine bound to
@@ -27,7 +28,7 @@ for Spout HAProxy and Serve's proxy manager (``proxy``), the ingress replicas, t
 replicas and Serve's controller; for vLLM its API server process. Rows are raw CPU, idle
 included, as the issue measured; each server's idle CPU (% of a core per kind, no request in
 flight) is recorded beside them. ``--quick`` runs 16 and 64 streams of 1,024 tokens a level.
-Prints a table and writes bench/results/egress_peers.json (``--quick``: egress_peers_quick.json).
+Prints a table and writes bench/results/egress_peers_replica_front.json (``--front serve``: egress_peers.json; ``--quick``: ``_quick`` added).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def sweep_vllm(folder: Path, levels: tuple[int, ...], min_tokens: int) -> tuple[
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 and 64 streams, 1,024 tokens a level")
-    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="Spout's HTTP front (the app's http_front option)")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="replica", help="Spout's HTTP front (the app's http_front option; make run's is replica)")
     args = parser.parse_args(argv)
     levels, min_tokens = (QUICK_LEVELS, QUICK_MIN_TOKENS) if args.quick else (LEVELS, MIN_TOKENS)
     folder = model_folder()

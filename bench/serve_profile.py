@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--egress-peers", action="store_true", help="bench.egress_peers's Spout side: make run's app on the egress-tiny folder, httpx client")
-    parser.add_argument("--front", choices=sorted(FRONTS), default="serve", help="with --egress-peers: the app's http_front")
+    parser.add_argument("--front", choices=sorted(FRONTS), default="replica", help="with --egress-peers: the app's http_front (make run's is replica)")
     args = parser.parse_args(argv)
     if args.egress_peers:
         run = Run(egress_peers.SERVED_NAME, FRONTS[args.front], "defaults", (args.streams,), args.max_tokens, "serve_port", "httpx")

@@ -3,8 +3,8 @@
 A request's path, and a token's, through this package (the OpenAI wire format it speaks,
 with no Ray, is the `deployments.openai` package):
 
-1. `ingress.Ingress` (a Serve replica, reached through Serve's HTTP path, or with ``http_front=replica``
-   through its own `http_server.HttpServer`) reads the body within its limits (`openai.request_body`),
+1. `ingress.Ingress` (a Serve replica, reached with ``http_front=replica``, ``make run``'s front, through
+   its own `http_server.HttpServer` on the ports `replica_front` opens, or through Serve's HTTP path) reads the body within its limits (`openai.request_body`),
    checks the key (`auth`), validates it (`openai.protocol`), checks every costly field against
    the operator's `limits.RequestLimits`, and encodes the prompt on a worker (`prompt_encoder`).
 2. `engine_client.EngineClient.submit` (the replica's client of the engines) tokenizes the
@@ -25,8 +25,8 @@ with no Ray, is the `deployments.openai` package):
 5. `engine_client.EngineClient.deltas`, the one loop over a request's output, hands the mailbox
    deltas to the wire format: SSE frames or a whole body built by `openai.choices` (completions,
    chat), `openai.responses_writer` (Responses) or `anthropic.messages_writer` (Messages), which
-   `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once. With
-   ``http_front=replica`` a one-choice stream's frames are made and written by the router's loop
+   `openai.event_stream.EventStream` writes; a client that leaves aborts its choices at once. Under
+   the replica front a one-choice stream's frames are made and written by the router's loop
    itself as it fills the mailbox (`EngineClient.event_stream`), no task woken per token; its task
    writes the end.
 """

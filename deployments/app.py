@@ -16,6 +16,7 @@ from deployments.config import ServeArgs
 from deployments.detok_pool import Detokenizer, fanout_autoscaling_policy
 from deployments.fast_path import enable_for_serve_run, fast_path_warning
 from deployments.ingress import Ingress
+from deployments.ingress_autoscaling import requests_autoscaling_policy
 
 QUIET_LOGS = {"enable_access_log": False, "log_level": "WARNING"}
 DETOK_RESOURCE_UNITS = 0.01
@@ -63,7 +64,8 @@ def build_app(args: dict[str, str] | None = None) -> Application:
 
 def ingress_replicas(config: ServeArgs) -> dict[str, object]:
     """A fixed count when the bounds are equal (Serve's autoscaler then has nothing to decide),
-    else Serve's autoscaling on requests in flight per replica."""
+    else Serve's autoscaling on requests in flight per replica: as Serve counts them, or, where the
+    replicas serve HTTP themselves, as their own servers do (`deployments.ingress_autoscaling`)."""
     if config.ingress_min_replicas == config.ingress_max_replicas:
         return {"num_replicas": config.ingress_min_replicas}
     autoscaling = {
@@ -73,4 +75,6 @@ def ingress_replicas(config: ServeArgs) -> dict[str, object]:
         "upscale_delay_s": config.ingress_upscale_delay_s,
         "downscale_delay_s": config.ingress_downscale_delay_s,
     }
+    if config.http_front == "replica":
+        autoscaling["policy"] = {"policy_function": requests_autoscaling_policy}
     return {"autoscaling_config": autoscaling}

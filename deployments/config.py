@@ -128,10 +128,17 @@ class ServeArgs(RequestLimits):
         "serve",
         description="serve: Serve's HTTP path on Serve's port (HAProxy in front of the replicas' own uvicorn servers on the fast path); "
         "replica: each ingress replica serves http_host:http_port itself (Spout's HTTP/1.1 server, SO_REUSEPORT among a node's "
-        "replicas), no HAProxy on the path, a fixed replica count (ingress_min_replicas = ingress_max_replicas), the app at '/'.",
+        "replicas), no HAProxy on the path, autoscaled on the requests each replica's own server has in flight, the app at '/'.",
     )
     http_host: str = Field("127.0.0.1", description="With http_front=replica: the address each ingress replica listens on.")
     http_port: int = Field(8000, ge=1, le=65535, description="With http_front=replica: the port each ingress replica listens on (shared).")
+    http_own_port_min: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="With http_front=replica: each ingress replica also listens alone on this port plus its rank on its node (a scrape "
+        "of /metrics there reaches that replica); 0: no port of its own.",
+    )
     http_head_timeout_s: float = Field(
         10.0, gt=0, description="With http_front=replica: a request's head must arrive whole within this long of its connection going idle."
     )
@@ -245,12 +252,17 @@ class ServeArgs(RequestLimits):
         return self
 
     @model_validator(mode="after")
-    def _replica_front_has_fixed_replicas(self) -> ServeArgs:
-        if self.http_front == "replica" and self.ingress_min_replicas != self.ingress_max_replicas:
+    def _own_ports_apart_from_the_shared_one(self) -> ServeArgs:
+        if self.http_front != "replica" or not self.http_own_port_min:
+            return self
+        own_ports = range(self.http_own_port_min, self.http_own_port_min + self.ingress_max_replicas)
+        if self.http_port in own_ports:
             raise ValueError(
-                "http_front=replica takes a fixed count of ingress replicas (ingress_min_replicas = ingress_max_replicas): Serve's "
-                "autoscaling counts the requests that come through Serve, and none do"
+                f"http_port {self.http_port} is one of the ingress replicas' own ports (http_own_port_min {self.http_own_port_min} plus "
+                f"a rank under ingress_max_replicas {self.ingress_max_replicas}): give http_own_port_min past it, or 0"
             )
+        if own_ports[-1] > 65535:
+            raise ValueError(f"http_own_port_min {self.http_own_port_min} plus ingress_max_replicas {self.ingress_max_replicas} goes past port 65535")
         return self
 
     def server_limits(self) -> ServerLimits:

@@ -1,11 +1,12 @@
 """The Ray driver `deployments.launch` runs: a local Ray cluster of its own, Serve's fast path, the app.
 
-HAProxy listens on ``host:port`` in front of the ingress replicas, each of which serves HTTP
-itself (Serve's direct ingress, with the app on the replica's main event loop:
-``RAY_SERVE_THROUGHPUT_OPTIMIZED``). Serve's own proxy actor, which costs a Ray call per
-streamed frame, is not on the path. The Ray options are environment variables that Ray's
-processes read when they start: the launcher sets them. The host is passed to Serve
-explicitly: under HAProxy, Serve's default host would be every interface.
+By default (``http_front=replica``) each ingress replica listens on ``host:port`` itself with
+Spout's own HTTP server, and Serve starts no proxy. With ``http_front=serve``, HAProxy listens there
+in front of the ingress replicas, each of which serves HTTP itself (Serve's direct ingress, with the
+app on the replica's main event loop: ``RAY_SERVE_THROUGHPUT_OPTIMIZED``). Serve's own proxy actor,
+which costs a Ray call per streamed frame, is on neither path. The Ray options are environment
+variables that Ray's processes read when they start: the launcher sets them. The host is passed to
+Serve explicitly: under HAProxy, Serve's default host would be every interface.
 
 It deploys ``build_app`` with the ``key=value`` options (and the API key, which it takes out of
 its environment before Ray starts, so that no Ray process but the ingress replicas, through their
@@ -27,8 +28,10 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.app import build_app
-from deployments.launch import API_KEY_ENV, parse_args, replica_front
+from deployments.config import ServeArgs
+from deployments.launch import API_KEY_ENV, check_port, parse_args, replica_front
 from deployments.processes import LAUNCH_ENV
+from deployments.replica_front import own_ports
 
 APP_NAME = "spout"
 READY_TIMEOUT_S = 900.0  # loading the model
@@ -84,9 +87,10 @@ def replica_front_options(options: dict[str, str], host: str, port: int) -> dict
     return {**options, "http_host": host, "http_port": str(port)}
 
 
-def serve_app(app: Application, host: str, port: int, replica_front: bool) -> None:
+def serve_app(app: Application, host: str, port: int, replica_front: bool, replica_ports: list[int]) -> None:
     """Deploys ``app`` and waits until it answers on ``host:port``: through HAProxy, or, with
-    ``replica_front``, on the replicas' own servers, Serve's proxies off (no HAProxy, no proxy actor)."""
+    ``replica_front``, on the replicas' own servers, Serve's proxies off (no HAProxy, no proxy actor),
+    each replica also alone on one of ``replica_ports``."""
     if replica_front:
         serve.start(proxy_location="Disabled")
     else:
@@ -95,7 +99,8 @@ def serve_app(app: Application, host: str, port: int, replica_front: bool) -> No
     base_url = f"http://{host}:{port}"
     wait_until_healthy(base_url, READY_TIMEOUT_S)
     if replica_front:
-        print(f"Spout serves on {base_url}/v1 (each ingress replica listens there itself)", flush=True)
+        alone = f"; each also alone on one of {replica_ports}, its rank's" if replica_ports else ""
+        print(f"Spout serves on {base_url}/v1 (each ingress replica listens there itself{alone})", flush=True)
         return
     ports = direct_ingress_ports(APP_NAME, port)
     print(f"Spout serves on {base_url}/v1 (HAProxy on port {port} in front of the ingress replicas' own ports {ports})", flush=True)
@@ -117,11 +122,14 @@ def main(argv: list[str] | None = None) -> None:
     if front_is_replica:
         options = replica_front_options(options, args.host, args.port)
     app = build_app(options)  # invalid options fail here, before Ray starts
+    replica_ports = own_ports(ServeArgs.from_options(options, os.environ)) if front_is_replica else []
+    for port in replica_ports:
+        check_port(args.host, port)
     ray.init(address="local")  # a cluster of its own, never one that ``ray start`` left running
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # after ray.init, which installs a handler that aborts
     serving = False
     try:
-        serve_app(app, args.host, args.port, front_is_replica)
+        serve_app(app, args.host, args.port, front_is_replica, replica_ports)
         serving = True
         wait_while_launcher_runs()
     finally:

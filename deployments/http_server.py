@@ -71,11 +71,12 @@ class HttpServer:
         self.app = app
         self.limits = limits
         self.connections: set[Connection] = set()
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []
+        """One for each socket it serves on (the port the replicas share, and a replica's own)."""
         self.queued_writes: list[tuple[Connection, bytes]] = []
         """Body chunks written by `Exchange.write_now` this turn of the event loop, not sent yet."""
         self.port = 0
-        """The port it listens on, once started (the one given, or the one chosen for port 0)."""
+        """The port of the first socket it serves on, once started (the one given, or the one chosen for port 0)."""
 
     def queue_write(self, connection: Connection, data: bytes) -> None:
         """``data`` for ``connection``, written with the others at the end of the event loop's turn."""
@@ -93,15 +94,19 @@ class HttpServer:
         await self.serve(listening_socket(host, port))
 
     async def serve(self, sock: socket.socket) -> None:
-        """Serves on ``sock`` (`listening_socket`'s)."""
-        self.server = await asyncio.get_running_loop().create_server(lambda: Connection(self), sock=sock, backlog=BACKLOG)
-        self.port = sock.getsockname()[1]
+        """Serves on ``sock`` (`listening_socket`'s) too; the connections of every socket share the limits."""
+        self.servers.append(await asyncio.get_running_loop().create_server(lambda: Connection(self), sock=sock, backlog=BACKLOG))
+        self.port = self.port or sock.getsockname()[1]
+
+    def requests_in_flight(self) -> int:
+        """Requests being answered or waiting on their connection to be (pipelined)."""
+        return sum((connection.exchange is not None) + len(connection.queued) for connection in self.connections)
 
     def stop_accepting(self) -> None:
         """No new connection from now on (the port's other listeners take them); idle keep-alive
         connections close, and busy ones once their response ends."""
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for connection in list(self.connections):
             connection.closing = True
             if connection.exchange is None:

@@ -25,8 +25,9 @@ from deployments.detok_pool import DetokClient, Detokenizer
 from deployments.engine_client import EngineClient
 from deployments.engine_placement import engine_handles, kill_engines
 from deployments.health import SharedCheck
-from deployments.http_server import HttpServer, listening_socket
+from deployments.http_server import HttpServer
 from deployments.in_flight import ChoiceReservations, Reservation
+from deployments.ingress_autoscaling import REQUESTS_METRIC
 from deployments.limits import (
     check_context_length,
     check_echo,
@@ -47,8 +48,8 @@ from deployments.openai.responses import ResponseFormat
 from deployments.openai.tool_calls import constrain_to_json_schema, tool_call_output, tool_call_schema
 from deployments.openai.tool_prompt import template_messages
 from deployments.peers import behind_haproxy, client_address, client_id, local_addresses
-from deployments.processes import describe, other_listeners
 from deployments.prompt_encoder import PromptEncoder
+from deployments.replica_front import start_replica_front
 from deployments.token_routes import TokenRoutes
 from deployments.tracing import RequestTrace, current_trace, tracer_from_environment
 from detok import AnswerRules
@@ -83,17 +84,6 @@ def app_path(request: Request) -> str:
     return (path[len(prefix) :] or "/") if prefix and (path == prefix or path.startswith(prefix + "/")) else path
 
 
-def check_front_port(port: int, app_name: str) -> None:
-    """OSError when a process other than the app's ingress replicas listens on ``port`` (``http_front=replica``):
-    HAProxy, which Serve puts on its own port, sets ``SO_REUSEPORT`` as the replicas do, and would
-    silently take a share of the connections."""
-    if others := other_listeners(port, f"ServeReplica:{app_name}:Ingress"):
-        raise OSError(
-            f"port {port} is held by {', '.join(describe(p) for p in others)}: with http_front=replica the ingress replicas listen there "
-            "themselves; give them a port of their own (http_port), or start Serve without proxies (proxy_location: Disabled)"
-        )
-
-
 class Ingress(AgentAPIs, TokenRoutes):
     """Serve deployment body (options set in `deployments.app`)."""
 
@@ -116,17 +106,20 @@ class Ingress(AgentAPIs, TokenRoutes):
         self.local_addresses = local_addresses()
         self.tracer = tracer_from_environment(os.environ)
         self.http_server: HttpServer | None = None
-        if self.args.http_front == "replica":  # the port is taken here, so that a held one fails the replica's start
+        if self.args.http_front == "replica":
             self.trust_local_proxy = False
-            self.http_server = HttpServer(self.asgi, self.args.server_limits())
-            check_front_port(self.args.http_port, self.app_name)
-            sock = listening_socket(self.args.http_host, self.args.http_port)
-            self.http_serving = asyncio.get_running_loop().create_task(self.http_server.serve(sock), context=contextvars.Context())
+            self.http_server, self.http_serving = start_replica_front(self.asgi, self.args, self.app_name, context.rank.local_rank)
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The replica as an ASGI app, for its own HTTP server (``http_front=replica``)."""
         response = await self(Request(scope, receive))
         await response(scope, receive, send)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve calls this periodically: the requests the replica's own server has in flight, which
+        the replica front's autoscaling policy counts (`deployments.ingress_autoscaling`). A coroutine,
+        so that it runs on the replica's event loop, which the server's connections belong to."""
+        return {REQUESTS_METRIC: self.http_server.requests_in_flight() if self.http_server is not None else 0}
 
     async def __del__(self) -> None:
         """Serve awaits this when the replica stops. Its own HTTP server (``http_front=replica``) takes no

@@ -71,6 +71,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 API_KEY_ENV = "SPOUT_API_KEY"
 """The environment variable the API key comes from (`deployments.config.ServeArgs`)."""
 VITAL_RAY_PROCESSES = frozenset({"gcs_server", "raylet"})
+DEFAULT_FRONT = "replica"
+"""``make run``'s ``http_front``: each ingress replica serves the launch's port itself, no HAProxy
+(``http_front=serve`` puts HAProxy in front of uvicorn in each replica). Serve's own entry points
+(``serve run``, ``serve deploy``) keep ``serve``, the option's default: Serve's proxies hold the port there."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     args = parser.parse_args(argv)
     if args.drain_timeout_s < 0:
         parser.error("--drain-timeout-s must be at least 0")
-    return LaunchArgs(args.host, args.port, parse_options(args.options), args.allow_unauthenticated, args.drain_timeout_s)
+    options = {"http_front": DEFAULT_FRONT} | parse_options(args.options)
+    return LaunchArgs(args.host, args.port, options, args.allow_unauthenticated, args.drain_timeout_s)
 
 
 def check_authenticated(args: LaunchArgs, environ: dict[str, str]) -> None:

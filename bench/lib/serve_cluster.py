@@ -73,8 +73,9 @@ port when HAProxy came to bind it, and that start failed)."""
 
 
 def front_options(front: str, port: int) -> dict[str, object]:
-    """The app options that put ``front`` on a cluster's ``port``: none for Serve's, the replica's own server on it else."""
-    return {"http_front": "replica", "http_port": port} if front == "replica" else {}
+    """The app options that put ``front`` on a cluster's ``port``: none for Serve's, the replica's own server on it else
+    (each replica's port of its own drawn free as well, not the default that a ``make run`` may hold)."""
+    return {"http_front": "replica", "http_port": port, "http_own_port_min": free_port()} if front == "replica" else {}
 
 
 def free_port() -> int:

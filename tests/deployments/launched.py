@@ -33,7 +33,8 @@ OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_mi
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 90.0
 SERVES_LINE = re.compile(
-    r"Spout serves on \S+ \((?:HAProxy on port \d+ in front of the ingress replicas' own ports \[([\d, ]*)\]|each ingress replica listens there itself)\)"
+    r"Spout serves on \S+ \((?:HAProxy on port \d+ in front of the ingress replicas' own ports \[([\d, ]*)\]"
+    r"|each ingress replica listens there itself(?:; each also alone on one of \[([\d, ]*)\], its rank's)?)\)"
 )
 RAY_AND_HAPROXY = frozenset({"raylet", "gcs_server", "haproxy"})
 
@@ -78,9 +79,11 @@ def _describe(process: psutil.Process) -> str:
 
 @dataclass(frozen=True)
 class Ports:
-    """Where a launcher serves, and HAProxy's stats and exporter ports: the same for every start of a test."""
+    """Where a launcher serves, the first of its ingress replicas' own ports (``http_front=replica``), and
+    HAProxy's stats and exporter ports: the same for every start of a test."""
 
     serve: int = field(default_factory=free_port)
+    own: int = field(default_factory=free_port)
     stats: int = field(default_factory=free_port)
     metrics: int = field(default_factory=free_port)
 
@@ -94,11 +97,12 @@ class LaunchedServer:
     process: subprocess.Popen | None = None
     tree: list[psutil.Process] = field(default_factory=list)
     direct_ports: list[int] = field(default_factory=list)
+    """The ingress replicas' own ports: Serve's direct ingress behind HAProxy, or those they listen on alone (``http_front=replica``)."""
     options: list[str] = field(default_factory=lambda: list(OPTIONS))
 
     def start(self) -> None:
         env = os.environ | {"RAY_SERVE_HAPROXY_STATS_PORT": str(self.ports.stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(self.ports.metrics)}
-        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *self.options]
+        command = [sys.executable, "-m", "deployments.launch", "--port", str(self.ports.serve), *self.options, f"http_own_port_min={self.ports.own}"]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -110,7 +114,7 @@ class LaunchedServer:
             assert self.process.poll() is None, f"the launcher exited with {self.process.returncode}:\n{self.log_tail()}"
             assert time.monotonic() < deadline, f"not serving after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
             time.sleep(0.5)
-        self.direct_ports = [int(port) for port in (match.group(1) or "").split(",") if port.strip()]
+        self.direct_ports = [int(port) for port in (match.group(1) or match.group(2) or "").split(",") if port.strip()]
         body = {"model": "tiny-random", "prompt": "hello", "max_tokens": 2}
         response = httpx.post(f"http://127.0.0.1:{self.ports.serve}/v1/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text

@@ -89,3 +89,14 @@ def test_the_replica_fronts_limits_are_the_options():
     assert (limits.head_timeout_s, limits.write_timeout_s, limits.max_connections) == (3.0, 7.0, 9)
     with pytest.raises(ValidationError):
         ServeArgs.from_options({"http_write_timeout_s": "0"}, {})
+
+
+def test_the_replicas_own_ports_stay_apart_from_the_shared_one():
+    with pytest.raises(ValidationError, match="one of the ingress replicas' own ports"):
+        ServeArgs.from_options({"http_front": "replica", "http_port": "8002", "ingress_max_replicas": "2"}, {})
+    with pytest.raises(ValidationError, match="past port 65535"):
+        ServeArgs.from_options({"http_front": "replica", "http_own_port_min": "65535", "ingress_max_replicas": "2"}, {})
+    assert (
+        ServeArgs.from_options({"http_front": "replica", "http_port": "8002", "http_own_port_min": "0", "ingress_max_replicas": "2"}, {}).http_own_port_min == 0
+    )
+    assert ServeArgs.from_options({"http_front": "replica", "ingress_min_replicas": "1", "ingress_max_replicas": "3"}, {}).ingress_max_replicas == 3

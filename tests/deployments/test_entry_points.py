@@ -1,5 +1,5 @@
 """Serve's fast path on every way a Ray Serve user starts the app (issue 29, item 1): HAProxy holds
-the serving port, in front of replicas that serve HTTP themselves, as under ``make run``.
+the serving port, in front of replicas that serve HTTP themselves, as under ``make run ARGS="http_front=serve"``.
 
 Three launches, `tiny-random` on loopback, each answered once:
 

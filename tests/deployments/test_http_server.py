@@ -295,7 +295,7 @@ def test_two_servers_share_a_port():
 
 def test_a_port_another_process_listens_on_is_named_before_the_replica_shares_it():
     """HAProxy sets SO_REUSEPORT too: sharing its port would split the connections silently."""
-    from deployments.ingress import check_front_port
+    from deployments.replica_front import check_port
 
     holder = listening_socket(HOST, 0)  # a free port, held below by a child: the check skips its own process
     port = holder.getsockname()[1]
@@ -304,11 +304,11 @@ def test_a_port_another_process_listens_on_is_named_before_the_replica_shares_it
     try:
         assert child.stdout.readline().strip() == "listening"
         with pytest.raises(OSError, match=f"port {port} is held by pid {child.pid}"):
-            check_front_port(port, "spout")
+            check_port(port, "spout")
     finally:
         child.kill()
         child.wait()
-    check_front_port(port, "spout")  # free again: nothing to say
+    check_port(port, "spout")  # free again: nothing to say
 
 
 HOLD_PORT = """
@@ -316,3 +316,37 @@ import socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); s.bind(("127.0.0.1", {port})); s.listen()
 print("listening", flush=True); time.sleep(60)
 """
+
+
+def test_a_second_socket_shares_the_connections_and_in_flight_counts_what_is_answered_or_queued():
+    """The replica's own port beside the shared one: both serve the app; a request being answered and one
+    pipelined behind it both count as in flight, until they end."""
+    release = asyncio.Event()
+
+    async def held_app(scope, receive, send) -> None:
+        if scope["path"] == "/hold":
+            await release.wait()
+        await JSONResponse({"path": scope["path"]})(scope, receive, send)
+
+    async def test(server: HttpServer) -> None:
+        await server.serve(listening_socket(HOST, 0))
+        own_port = server.servers[1].sockets[0].getsockname()[1]
+        assert own_port != server.port
+        async with httpx.AsyncClient(base_url=f"http://{HOST}:{own_port}") as client:
+            assert (await client.get("/own")).json() == {"path": "/own"}
+        assert server.requests_in_flight() == 0
+        reader, writer = await asyncio.open_connection(HOST, own_port)
+        writer.write(b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\nGET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        while server.requests_in_flight() < 2:
+            await asyncio.sleep(0.01)
+        release.set()
+        answers = await reader.read()
+        writer.close()
+        assert answers.count(b"HTTP/1.1 200 ") == 2 and b'"/next"' in answers
+        while server.requests_in_flight():
+            await asyncio.sleep(0.01)
+        server.stop_accepting()
+        with pytest.raises(OSError):
+            await asyncio.open_connection(HOST, own_port)
+
+    run(held_app, test)

@@ -1,6 +1,7 @@
 """Ingress replicas that autoscale on their own load, and drain when they go (issue 29, items 4
-and 7). One local Ray cluster as ``make run`` serves (HAProxy in front of the ingress replicas'
-own ports), ``tiny-random``, the ingress between one and two replicas at a target of 4 streams:
+and 7). One local Ray cluster per front as ``make run`` serves it (the replicas' own server, which
+counts its requests for Serve's autoscaler itself, and HAProxy in front of the replicas' own ports),
+``tiny-random``, the ingress between one and two replicas at a target of 4 streams:
 
 1. 16 clients streaming one completion after another: Serve adds the second replica; once they have
    stopped, it removes one;
@@ -17,9 +18,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
+import pytest
 from ray import serve
 
-from bench.lib.serve_cluster import DEFAULT_PROXY, ReplicaWatcher, ServeCluster
+from bench.lib.serve_cluster import FRONTS, ReplicaWatcher, ServeCluster, front_options
 from deployments import build_app
 from deployments.driver import wait_until_healthy
 
@@ -69,9 +71,11 @@ def keep_streaming(port: int, enough: threading.Event) -> list[tuple[int, bool]]
     return ends
 
 
-def test_the_ingress_scales_out_and_in_and_a_replaced_replica_finishes_its_streams():
-    with ServeCluster(DEFAULT_PROXY) as cluster:
-        port = cluster.deploy(build_app(OPTIONS), APP)
+@pytest.mark.parametrize("front", ["replica", "serve"])
+def test_the_ingress_scales_out_and_in_and_a_replaced_replica_finishes_its_streams(front):
+    with ServeCluster(FRONTS[front]) as cluster:
+        options = OPTIONS | front_options(front, cluster.port)
+        port = cluster.deploy(build_app(options), APP)
         wait_until_healthy(f"http://127.0.0.1:{port}", TIMEOUT_S)
         with ReplicaWatcher(APP, "Ingress", period_s=0.5) as watcher, ThreadPoolExecutor(SCALE_OUT_STREAMS) as pool:
             watcher.phase = "streams"
@@ -93,7 +97,7 @@ def test_the_ingress_scales_out_and_in_and_a_replaced_replica_finishes_its_strea
             for _ in drained:
                 assert began.acquire(timeout=TIMEOUT_S)
             # serve.run returns once the old replica is gone, which is after the streams end.
-            redeploy = pool.submit(serve.run, build_app(OPTIONS | {"max_stop_strings": "7"}), name=APP, route_prefix="/", blocking=False)
+            redeploy = pool.submit(serve.run, build_app(options | {"max_stop_strings": "7"}), name=APP, route_prefix="/", blocking=False)
             assert replaced_while_streaming(drained), "the streams ended before the old replica was stopping: make them longer"
             ends = [s.result(timeout=TIMEOUT_S) for s in drained]
             assert ends == [(DRAINED_TOKENS, True)] * DRAINED_STREAMS, watcher.timeline

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from deployments.config import ServeArgs
-from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options, taken_port_warning
+from deployments.launch import StopSignals, check_authenticated, clear_stale_launches, parse_args, parse_options, replica_front, taken_port_warning
 from deployments.processes import LAUNCH_ENV, ephemeral_ports, marked_processes, process_environ, taken_port_ranges
 from tests.deployments.launched import Ports
 
@@ -141,6 +141,11 @@ def test_a_port_ray_may_take_first_is_warned_of(tmp_path):
     assert taken_port_warning(60999, ranges).startswith("warning: port 60999 is in the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
     assert "(32768-60999)" in taken_port_warning(32768, ranges)
     assert "Serve's direct-ingress HTTP range, from which its replicas take ports (30000-30500)" in taken_port_warning(30000, ranges)
+
+
+def test_make_run_serves_with_the_replica_front_unless_told_otherwise():
+    assert replica_front(parse_args(["model=tiny-random"])) and parse_args([]).options == {"http_front": "replica"}
+    assert not replica_front(parse_args(["http_front=serve"]))
 
 
 CLEAR_TITLE_AREA = """

@@ -1,5 +1,5 @@
-"""The front door of a running ``make run`` (one launch for the module, `tiny-random` on loopback):
-HAProxy's stats page and exporter answer on loopback alone, and Ray's GCS and dashboard refuse a
+"""The front door of a running ``make run ARGS="http_front=serve"`` (HAProxy in front of the ingress
+replicas; one launch for the module, `tiny-random` on loopback): HAProxy's stats page and exporter answer on loopback alone, and Ray's GCS and dashboard refuse a
 client without the launch's token while they take one with it (issue 23, "a locked front door").
 The module ends the launch with Ctrl-C in the middle of streams and checks that they are drained
 (each runs to its end) and that it leaves nothing behind: CI's Ctrl-C cycle of the life-cycle test
@@ -42,7 +42,7 @@ def processes_before() -> set[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, processes_before):
-    with serving(tmp_path_factory.mktemp("front") / "launch.log", ["--drain-timeout-s", str(DRAIN_TIMEOUT_S), *OPTIONS]) as launched:
+    with serving(tmp_path_factory.mktemp("front") / "launch.log", ["--drain-timeout-s", str(DRAIN_TIMEOUT_S), *OPTIONS, "http_front=serve"]) as launched:
         yield launched
 
 

@@ -1,5 +1,7 @@
 """`make run` stopped every way a user stops a server, then started again on the same ports: each
-start serves (a completion is answered) with HAProxy's stats page and exporter on loopback alone, and each stop leaves no process and no port behind (issue 23).
+start serves (a completion is answered) on the shared port and the ingress replica's own, both on loopback alone,
+and each stop leaves no process and no port behind (issue 23). HAProxy's front (``http_front=serve``), with its stats page
+and exporter, is started and stopped by `test_launched_front.py`.
 
 The ways: Ctrl-C (SIGINT to the launcher's process group), Ctrl-C twice, SIGTERM, SIGHUP, ``ray stop``
 (which ends every Ray cluster of the machine: that way runs only where no other raylet runs), and
@@ -33,7 +35,7 @@ def test_each_stop_leaves_nothing_and_the_next_start_serves(way, tmp_path):
         try:
             server.start()
             server.wait_serving()
-            assert (listen_addresses(ports.stats), listen_addresses(ports.metrics)) == ({"127.0.0.1"}, {"127.0.0.1"})  # HAProxy's stats, exporter
+            assert (listen_addresses(ports.serve), listen_addresses(ports.own)) == ({"127.0.0.1"}, {"127.0.0.1"})  # shared port, the replica's own
             STOP_WAYS[way](server)
             status = server.wait_exit()
         finally:

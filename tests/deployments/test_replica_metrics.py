@@ -1,7 +1,8 @@
 """Metrics that survive the load balancer, on a running ``make run`` with two ingress replicas
-(`tiny-random` on loopback): each replica's own port answers ``/metrics`` with its own
-``replica`` label on its own series, HAProxy's port answers with one of them, and the engines'
-series are the same whichever replica is asked (docs/metrics.md, "Scraping several ingress replicas")."""
+(`tiny-random` on loopback), with each front (the replicas' own server, ``make run``'s default, and
+HAProxy's): each replica's own port answers ``/metrics`` with its own ``replica`` label on its own
+series, the shared port answers with one of them, and the engines' series are the same whichever
+replica is asked (docs/metrics.md, "Scraping several ingress replicas")."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from tests.deployments.launched import OPTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S,
 SCRAPE_TIMEOUT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("replicas") / "launch.log", [*OPTIONS, "ingress_min_replicas=2", "ingress_max_replicas=2"]) as launched:
+@pytest.fixture(scope="module", params=["replica", "serve"])
+def server(request, tmp_path_factory):
+    options = [*OPTIONS, "ingress_min_replicas=2", "ingress_max_replicas=2", f"http_front={request.param}"]
+    with serving(tmp_path_factory.mktemp("replicas") / "launch.log", options) as launched:
         yield launched
 
 
@@ -41,4 +43,4 @@ def test_each_replicas_own_port_gives_its_own_series(server):
     assert all(len(replica) == 1 for replica in replicas) and replicas[0] != replicas[1], replicas
     assert [labels["engine"] for labels in own] == [{"0"}, {"0"}]
     assert [labels["model_name"] for labels in own] == [{"tiny-random"}, {"tiny-random"}]
-    assert scrape(server.ports.serve)["replica"] in replicas  # through HAProxy: one replica's, labelled as such
+    assert scrape(server.ports.serve)["replica"] in replicas  # through the shared port: one replica's, labelled as such

@@ -22,7 +22,7 @@ STARTUP_TIMEOUT_S = 300
 @dataclass
 class Server:
     base_url: str
-    """Serve's port, where ``make run`` serves: HAProxy in front of the ingress replica."""
+    """Serve's port, where ``serve run`` serves: HAProxy in front of the ingress replica."""
     direct_url: str
     """The ingress replica's own port (direct ingress)."""
     model: str
@@ -46,7 +46,7 @@ class Server:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ServeCluster]:
-    """Ray and Serve on loopback, set up as ``make run`` sets them up (`deployments.launch`): HAProxy on
+    """Ray and Serve on loopback, set up as ``make run ARGS="http_front=serve"`` sets them up (`deployments.launch`): HAProxy on
     Serve's port in front of throughput-optimized ingress replicas, which serve HTTP themselves
     (direct ingress). Shut down at the session's end."""
     with ServeCluster(DEFAULT_PROXY) as cluster:

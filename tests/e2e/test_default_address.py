@@ -1,5 +1,5 @@
-"""The address ``make run`` gives is the fast path: HAProxy on Serve's port in front of the ingress
-replica's own HTTP server. (Serve's proxy actor, a Ray call per frame, still runs: HAProxy keeps
+"""The address Serve's entry points give (``serve run``, ``serve deploy``; ``make run ARGS="http_front=serve"``)
+is the fast path: HAProxy on Serve's port in front of the ingress replica's own HTTP server. (Serve's proxy actor, a Ray call per frame, still runs: HAProxy keeps
 it as a backup server for when no replica is up.)"""
 
 from __future__ import annotations
