@@ -55,7 +55,7 @@ stop: install
 # Ray or a server of their own need the process without one.
 SERVING_FOLDERS := tests/cluster tests/e2e
 SERVING_FILES := tests/bench/test_gpu_check.py $(addprefix tests/deployments/test_,$(addsuffix .py,\
-	entry_points haproxy_admin haproxy_front_live ingress_scaling launch launched_front launched_replica_front life_cycle redeploy replica_metrics))
+	entry_points haproxy_admin haproxy_front_live ingress_scaling launch launched_front launched_replica_front life_cycle redeploy))
 
 # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads sleep at a barrier instead of spinning. The lanes'
 # engines (2 torch threads each, in the tests and in Ray's workers, which inherit it) share 2 cores, and a

@@ -25,11 +25,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.lib.serve_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["model=tiny-random", "max_num_seqs=8", "max_model_len=256", "detok_min_replicas=0"]
+TWO_INGRESS_REPLICAS = ["ingress_min_replicas=2", "ingress_max_replicas=2"]
+SCRAPE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 90.0
 SERVES_LINE = re.compile(
@@ -238,3 +241,30 @@ def ctrl_c_drains_streams_and_leaves_nothing(server: LaunchedServer, processes_b
     assert drain_line in server.log.read_text(errors="replace"), server.log_tail()
     assert server.left_behind(processes_before) == [], server.log_tail()
     assert status == 0, server.log_tail()
+
+
+def scrape(port: int) -> dict[str, set[str]]:
+    """A port's ``/metrics``: the ``replica`` labels of its replica series, the ``engine`` and ``model_name`` labels."""
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_TIMEOUT_S)
+    assert response.status_code == 200, response.text
+    labels: dict[str, set[str]] = {"replica": set(), "engine": set(), "model_name": set()}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            for name, values in labels.items():
+                if name in sample.labels:
+                    values.add(sample.labels[name])
+    return labels
+
+
+def each_replicas_own_port_gives_its_own_series(server: LaunchedServer) -> None:
+    """Metrics that survive the load balancer, on a launch with `TWO_INGRESS_REPLICAS` (docs/metrics.md,
+    "Scraping several ingress replicas"): each replica's own port answers ``/metrics`` with its own
+    ``replica`` label on its own series, the shared port with one of them, and the engines' series are
+    the same whichever replica is asked."""
+    assert len(server.direct_ports) == 2, server.log_tail()
+    own = [scrape(port) for port in server.direct_ports]
+    replicas = [labels["replica"] for labels in own]
+    assert all(len(replica) == 1 for replica in replicas) and replicas[0] != replicas[1], replicas
+    assert [labels["engine"] for labels in own] == [{"0"}, {"0"}]
+    assert [labels["model_name"] for labels in own] == [{"tiny-random"}, {"tiny-random"}]
+    assert scrape(server.ports.serve)["replica"] in replicas  # through the shared port: one replica's, labelled as such

@@ -1,5 +1,6 @@
 """The front door of a running ``make run ARGS="http_front=serve"`` (HAProxy in front of the ingress
-replicas; one launch for the module, `tiny-random` on loopback): HAProxy's stats page and exporter answer on loopback alone, and Ray's GCS and dashboard refuse a
+replicas; one launch for the module, `tiny-random` on loopback, two ingress replicas): HAProxy's stats page and exporter
+answer on loopback alone, each replica's own port answers ``/metrics`` with its own series, and Ray's GCS and dashboard refuse a
 client without the launch's token while they take one with it (issue 23, "a locked front door").
 The module ends the launch with Ctrl-C in the middle of streams and checks that they are drained
 (each runs to its end) and that it leaves nothing behind: CI's Ctrl-C cycle of the life-cycle test
@@ -20,8 +21,10 @@ from tests.deployments.launched import (
     OPTIONS,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    TWO_INGRESS_REPLICAS,
     LaunchedServer,
     ctrl_c_drains_streams_and_leaves_nothing,
+    each_replicas_own_port_gives_its_own_series,
     listen_addresses,
     ray_and_haproxy_processes,
     serving,
@@ -42,7 +45,9 @@ def processes_before() -> set[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, processes_before):
-    with serving(tmp_path_factory.mktemp("front") / "launch.log", ["--drain-timeout-s", str(DRAIN_TIMEOUT_S), *OPTIONS, "http_front=serve"]) as launched:
+    with serving(
+        tmp_path_factory.mktemp("front") / "launch.log", ["--drain-timeout-s", str(DRAIN_TIMEOUT_S), *OPTIONS, *TWO_INGRESS_REPLICAS, "http_front=serve"]
+    ) as launched:
         yield launched
 
 
@@ -81,6 +86,10 @@ def test_haproxys_stats_page_and_exporter_listen_on_loopback_alone(server):
 
 
 @pytest.mark.timeout(3 * CONNECT_TIMEOUT_S + 60)
+def test_each_replicas_own_port_gives_its_own_series(server):
+    each_replicas_own_port_gives_its_own_series(server)
+
+
 def test_ray_refuses_a_client_without_the_launchs_token(server, tmp_path):
     environ = driver_environ(server)
     assert environ["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" not in environ

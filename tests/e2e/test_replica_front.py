@@ -34,7 +34,8 @@ MAX_BODY_BYTES = 65_536
 def deploy(cluster: ServeCluster, name: str) -> str:
     """A tiny-random app named ``name`` whose ingress replica serves a free port itself; its base URL."""
     port = free_port()
-    options = {"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "max_num_seqs": 16}
+    options = {"model": MODEL, "api_key": API_KEY, "http_front": "replica", "http_port": str(port), "http_own_port_min": str(free_port())}
+    options |= {"max_num_seqs": 16}  # two such apps run at once here: each replica's own port is drawn free too
     limits = {"http_head_timeout_s": str(HEAD_TIMEOUT_S), "http_write_timeout_s": str(WRITE_TIMEOUT_S), "max_body_bytes": str(MAX_BODY_BYTES)}
     app = build_app(options | limits)
     serve.run(app, name=name, route_prefix=f"/{name}", blocking=False)
