@@ -80,7 +80,7 @@ def app_path(request: Request) -> str:
     """The request's path under the app's route prefix (``/v1/completions`` of an app served at
     ``/think`` is asked for as ``/think/v1/completions``): ASGI's ``path`` holds the prefix, which
     Serve also puts in ``root_path``."""
-    path, prefix = request.scope["path"], request.scope.get("root_path", "").rstrip("/")  # the scope's: a URL object costs ~20 µs
+    path, prefix = request.scope["path"], request.scope.get("root_path", "").rstrip("/")  # the scope's: starlette's URL object costs about 4 µs
     return (path[len(prefix) :] or "/") if prefix and (path == prefix or path.startswith(prefix + "/")) else path
 
 
