@@ -61,7 +61,7 @@ class ServeArgs(RequestLimits):
     max_client_grammar_compiles: int = Field(
         4,
         ge=1,
-        description="Of those, how many one client (by its address: behind make run's HAProxy, the one HAProxy forwards) may bring; more get 429.",
+        description="Of those, how many one client (by its address: behind HAProxy (http_front=serve), the one HAProxy forwards) may bring; more get 429.",
     )
     grammar_compile_timeout_s: float = Field(
         10.0, gt=0, description="A compile that runs longer fails its requests (400); the grammar is then refused at once until it leaves the cache's memory."
