@@ -253,9 +253,8 @@ class ServeArgs(RequestLimits):
 
     @model_validator(mode="after")
     def _own_ports_apart_from_the_shared_one(self) -> ServeArgs:
-        if self.http_front != "replica" or not self.http_own_port_min:
+        if self.http_front != "replica" or not (own_ports := self.own_ports()):
             return self
-        own_ports = range(self.http_own_port_min, self.http_own_port_min + self.ingress_max_replicas)
         if self.http_port in own_ports:
             raise ValueError(
                 f"http_port {self.http_port} is one of the ingress replicas' own ports (http_own_port_min {self.http_own_port_min} plus "
@@ -264,6 +263,16 @@ class ServeArgs(RequestLimits):
         if own_ports[-1] > 65535:
             raise ValueError(f"http_own_port_min {self.http_own_port_min} plus ingress_max_replicas {self.ingress_max_replicas} goes past port 65535")
         return self
+
+    def own_ports(self) -> range:
+        """The ports the ingress replicas of one node may listen on alone (``http_front=replica``), rank by
+        rank up to ``ingress_max_replicas``; none with ``http_own_port_min`` 0."""
+        first = self.http_own_port_min
+        return range(first, first + self.ingress_max_replicas) if first else range(0)
+
+    def own_port(self, local_rank: int) -> int | None:
+        """The port a replica of rank ``local_rank`` on its node listens on alone, if any."""
+        return self.http_own_port_min + local_rank if self.http_own_port_min else None
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(head_timeout_s=self.http_head_timeout_s, write_timeout_s=self.http_write_timeout_s, max_connections=self.http_max_connections)

@@ -31,7 +31,6 @@ from deployments.app import build_app
 from deployments.config import ServeArgs
 from deployments.launch import API_KEY_ENV, check_port, parse_args, replica_front
 from deployments.processes import LAUNCH_ENV
-from deployments.replica_front import own_ports
 
 APP_NAME = "spout"
 READY_TIMEOUT_S = 900.0  # loading the model
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     if front_is_replica:
         options = replica_front_options(options, args.host, args.port)
     app = build_app(options)  # invalid options fail here, before Ray starts
-    replica_ports = own_ports(ServeArgs.from_options(options, os.environ)) if front_is_replica else []
+    replica_ports = list(ServeArgs.from_options(options, os.environ).own_ports()) if front_is_replica else []
     for port in replica_ports:
         check_port(args.host, port)
     ray.init(address="local")  # a cluster of its own, never one that ``ray start`` left running

@@ -26,6 +26,11 @@ REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Request Header
 logger = logging.getLogger(__name__)
 
 
+def chunk(body: bytes) -> bytes:
+    """``body`` as one chunk of a chunked response (``body`` not empty)."""
+    return b"%x\r\n%b\r\n" % (len(body), body)
+
+
 class Exchange:
     """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
 
@@ -102,14 +107,14 @@ class Exchange:
         more: bool = message.get("more_body", False)
         if self.head_sent and self.chunked and more:  # a streamed chunk: the hot path
             if body:
-                self.connection.write(b"%x\r\n%b\r\n" % (len(body), body))
+                self.connection.write(chunk(body))
                 await self.connection.drained()
             return
         head = b"" if self.head_sent else self._head()
         if self.scope["method"] == "HEAD":
             body = b""
         if self.chunked:
-            body = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+            body = (chunk(body) if body else b"") + (b"" if more else b"0\r\n\r\n")
         self.connection.write(head + body)
         if more:
             await self.connection.drained()
@@ -125,7 +130,7 @@ class Exchange:
         """A chunk of the body, when `can_write_now`: what ``send`` writes for it, without waiting; it goes
         out at the end of the event loop's turn, with the other responses' (`HttpServer.queue_write`)."""
         if body:
-            self.connection.server.queue_write(self.connection, b"%x\r\n%b\r\n" % (len(body), body))
+            self.connection.server.queue_write(self.connection, chunk(body))
 
     def _head(self) -> bytes:
         assert self.started is not None

@@ -191,9 +191,7 @@ class Connection(asyncio.Protocol):
         self.lost = True
         self.server.connections.discard(self)
         self._cancel_head_timer()
-        if self.write_timer is not None:
-            self.write_timer.cancel()
-            self.write_timer = None
+        self._cancel_write_timer()
         for exchange in (self.exchange, self.parsing, *self.queued):
             if exchange is not None:
                 exchange.client_left()
@@ -206,12 +204,15 @@ class Connection(asyncio.Protocol):
         self.write_timer = loop.call_later(self.limits.write_timeout_s, self._write_stalled)
 
     def resume_writing(self) -> None:
-        if self.write_timer is not None:
-            self.write_timer.cancel()
-            self.write_timer = None
+        self._cancel_write_timer()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
         self.writable = None
+
+    def _cancel_write_timer(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
 
     def _write_stalled(self) -> None:
         """The client took nothing for ``write_timeout_s``: cut it off (what waits to be written is dropped),

@@ -32,22 +32,12 @@ def check_port(port: int, app_name: str) -> None:
         )
 
 
-def own_port(args: ServeArgs, local_rank: int) -> int | None:
-    """The port a replica of rank ``local_rank`` on its node listens on alone; None with ``http_own_port_min`` 0."""
-    return args.http_own_port_min + local_rank if args.http_own_port_min else None
-
-
-def own_ports(args: ServeArgs) -> list[int]:
-    """The ports the ingress replicas of one node may listen on alone, as many as ``ingress_max_replicas``."""
-    return [args.http_own_port_min + rank for rank in range(args.ingress_max_replicas)] if args.http_own_port_min else []
-
-
 def start_replica_front(app: ASGIApp, args: ServeArgs, app_name: str, local_rank: int) -> tuple[HttpServer, asyncio.Task[None]]:
     """The replica's server on the shared port and its own, and the task that starts it. The ports
     are bound here, so that a held one fails the replica's start."""
     server = HttpServer(app, args.server_limits())
     sockets = []
-    for port in (args.http_port, own_port(args, local_rank)):
+    for port in (args.http_port, args.own_port(local_rank)):
         if port is not None:
             check_port(port, app_name)
             sockets.append(listening_socket(args.http_host, port))
